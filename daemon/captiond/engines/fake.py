@@ -1,0 +1,52 @@
+"""A deterministic engine for tests: text is a function of the audio, no model at all.
+
+Runs on the engine thread like any engine. Each 250 ms of audio louder than -50 dBFS becomes one
+word `wN` (N counts from the utterance start), so longer decodes of the same utterance extend the
+previous text, as Whisper's would.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from captiond.engines import EngineRequest, EngineResult
+
+WORD_SAMPLES = 4_000
+
+
+class FakeEngine:
+    def __init__(self, *, delay_s: float = 0.0) -> None:
+        self._delay_s = delay_s
+        self.batches: list[int] = []  # batch sizes seen, for scheduler tests
+
+    @property
+    def name(self) -> str:
+        return "fake"
+
+    @property
+    def model_name(self) -> str:
+        return "fake"
+
+    def warmup(self) -> None:
+        """Nothing to warm."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
+        self.batches.append(len(requests))
+        if self._delay_s:
+            time.sleep(self._delay_s)
+        return [self._one(r) for r in requests]
+
+    @staticmethod
+    def _one(request: EngineRequest) -> EngineResult:
+        words = []
+        for i in range(len(request.audio) // WORD_SAMPLES):
+            chunk = request.audio[i * WORD_SAMPLES : (i + 1) * WORD_SAMPLES]
+            if float(np.sqrt(np.mean(np.square(chunk)))) > 10 ** (-50 / 20):
+                words.append(f"w{i}")
+        return EngineResult(text=" ".join(words), avg_logprob=-0.1, no_speech_prob=0.01)

@@ -1,0 +1,164 @@
+"""The torch_graph engine: FP16 Whisper with a CUDA-graph-captured decoder, batched across streams.
+
+Owns the wiring of weights, mel front end, encoder, static KV cache, greedy decoder and step
+graphs behind the `Engine` protocol. Built on the main thread by `load_engine`; every other call
+(warmup, transcribe_batch, close) runs on the engine thread only. This package is the only place
+in captiond that imports torch.
+
+Per batch: log-mel on the device (audio staged through a pinned buffer), one batched encoder pass
+writing cross-attention K/V, an eager prefill of the prompts, then the single-token step replayed
+from a CUDA graph of the batch's bucket; the host looks at the finished flags every
+`check_every_steps` steps. On the CPU the same code runs eagerly in FP32 (how CI tests it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from captiond.config import EngineConfig
+from captiond.engines import DecodeKind, EngineRequest, EngineResult
+from captiond.engines.torch_graph.cuda_graph import StepGraphs, bucket_for, bucket_sizes
+from captiond.engines.torch_graph.decode import GreedyDecoder
+from captiond.engines.torch_graph.kv_cache import allocate_cache
+from captiond.engines.torch_graph.mel import MelFrontend
+from captiond.engines.torch_graph.model import build_model
+from captiond.engines.torch_graph.tokens import WhisperTokens, compression_ratio
+from captiond.engines.torch_graph.weights import dims_from_tensors, load_tensors, random_tensors
+from captiond.models import model_display_name
+
+__all__ = ["TorchGraphEngine"]
+
+logger = logging.getLogger(__name__)
+
+# Buckets up to this many rows; the CPU default stays small (its KV cache is FP32 and in RAM).
+DEFAULT_MAX_BATCH_CUDA = 32
+DEFAULT_MAX_BATCH_CPU = 8
+WARMUP_AUDIO_SAMPLES = 16_000
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` is CUDA when torch sees a GPU, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class TorchGraphEngine:
+    """Greedy Whisper decoding that matches faster-whisper's tokens (beam_size=1, no timestamps).
+
+    `request.beam_size > 1` falls back to greedy: greedy is this engine's contract. Multilingual
+    models are prompted with `request.language` (English when None); there is no language
+    detection. `compute_type="float32"` keeps FP32 on CUDA; any other value means FP16 there. On
+    the CPU the model always runs in FP32. `graphs=None` captures graphs on CUDA only; False runs
+    the same step eagerly (debugging, tests). `random_shape` ("tiny" ... "large-v3") replaces the
+    weights with random ones of that size for speed work; the tokenizer still comes from
+    `model_path`.
+    """
+
+    def __init__(
+        self,
+        model_path: Path,
+        config: EngineConfig,
+        *,
+        graphs: bool | None = None,
+        max_batch: int | None = None,
+        check_every_steps: int = 8,
+        random_shape: str | None = None,
+    ) -> None:
+        self.device = resolve_device(config.device)
+        on_cuda = self.device.type == "cuda"
+        if graphs and not on_cuda:
+            raise ValueError("CUDA graphs need --device cuda")
+        if config.cpu_threads > 0:
+            torch.set_num_threads(config.cpu_threads)
+        fp16 = on_cuda and config.compute_type != "float32"
+        self.dtype = torch.float16 if fp16 else torch.float32
+        if random_shape is None:
+            tensors = load_tensors(model_path / "model.bin", self.device, self.dtype)
+            self._model_name = model_display_name(model_path)
+        else:
+            tensors = random_tensors(random_shape, self.device, self.dtype)
+            self._model_name = f"random-{random_shape}"
+        dims = dims_from_tensors(tensors)
+        self.model = build_model(tensors, dims)
+        self.tokens = WhisperTokens(model_path, dims.n_vocab)
+        if max_batch is None:
+            max_batch = DEFAULT_MAX_BATCH_CUDA if on_cuda else DEFAULT_MAX_BATCH_CPU
+        self.max_batch = max_batch
+        self.check_every_steps = check_every_steps
+        self.cache = allocate_cache(dims, max_batch, self.device, self.dtype)
+        self.mel = MelFrontend(dims.n_mels, max_batch, self.device)
+        self.decoder = GreedyDecoder(self.model, self.cache, self.tokens, self.device)
+        use_graphs = on_cuda if graphs is None else graphs
+        self.graphs = StepGraphs(self.decoder.step, bucket_sizes(max_batch), enabled=use_graphs)
+        logger.info(
+            "torch_graph: %s on %s (%s), max batch %d, KV cache %.1f MiB",
+            self._model_name,
+            self.device,
+            str(self.dtype).removeprefix("torch."),
+            max_batch,
+            self.cache.n_bytes / 2**20,
+        )
+
+    @property
+    def name(self) -> str:
+        return "torch_graph"
+
+    @property
+    def model_name(self) -> str:
+        return self._model_name
+
+    def warmup(self) -> None:
+        """One eager batch (kernel selection), then graph capture for every bucket (on CUDA)."""
+        silence = EngineRequest(
+            audio=np.zeros(WARMUP_AUDIO_SAMPLES, dtype=np.float32), kind=DecodeKind.PARTIAL
+        )
+        self.transcribe_batch([silence])
+        with torch.no_grad():
+            self.graphs.capture()
+
+    def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
+        results: list[EngineResult] = []
+        for start in range(0, len(requests), self.max_batch):
+            results += self._transcribe_chunk(requests[start : start + self.max_batch])
+        return results
+
+    def _transcribe_chunk(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
+        n = len(requests)
+        if n == 0:
+            return []
+        plans = [self.tokens.prompt(r.prompt, r.language) for r in requests]
+        bucket = bucket_for(n, self.graphs.buckets)
+        with torch.no_grad():
+            self.decoder.encode(self.mel([r.audio for r in requests]).to(self.dtype))
+            no_speech = self.decoder.prefill(plans, bucket)
+            # The prefill chose the first token; the step makes the rest.
+            for step in range(max(plan.max_new_tokens for plan in plans) - 1):
+                self.graphs.run(bucket)
+                if (step + 1) % self.check_every_steps == 0 and self.decoder.all_finished(n):
+                    break
+            rows = self.decoder.read_back(no_speech, n)
+        results = []
+        for row in rows:
+            text = self.tokens.decode(row.tokens).strip()
+            results.append(
+                EngineResult(
+                    text=text,
+                    tokens=row.tokens,
+                    avg_logprob=row.avg_logprob,
+                    no_speech_prob=row.no_speech_prob,
+                    compression_ratio=compression_ratio(text),
+                )
+            )
+        return results
+
+    def close(self) -> None:
+        self.graphs.reset()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()

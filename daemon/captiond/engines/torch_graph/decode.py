@@ -1,0 +1,194 @@
+"""Greedy decoding with CTranslate2's rules: eager prefill, a capturable single-token step.
+
+Owns the static decode state (next token, position, finished flag, token count, cumulative
+log-probability and generated tokens per row, all on the device) and the suppression masks. The
+step writes only into these buffers and the KV cache, never reads anything back to the host, so
+CUDA graphs can capture it. Runs on the engine thread only.
+
+Rules copied from CTranslate2's WhisperReplica::generate + GreedySearch (what faster-whisper
+calls): the prompt minus its last token is the prefill; <|nospeech|> probability is the softmax
+at the <|startoftranscript|> position; every step masks `suppress_ids`, the first step also
+`suppress_ids_begin`; log-probabilities are taken after masking; at most
+min(224, 448 - (len(prompt) - 1)) tokens are generated, <|endoftext|> included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from captiond.engines.torch_graph.kv_cache import KVCache
+from captiond.engines.torch_graph.model import Whisper
+from captiond.engines.torch_graph.tokens import PromptPlan, WhisperTokens
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecodedRow:
+    tokens: tuple[int, ...]  # without the final <|endoftext|>
+    avg_logprob: float
+    no_speech_prob: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepState:
+    """Per-row decode state of the largest bucket; bucket b works on the first b rows."""
+
+    tokens: torch.Tensor  # [B] int64, the token each row feeds next
+    positions: torch.Tensor  # [B] int64, where that token goes in the self-attention cache
+    finished: torch.Tensor  # [B] bool
+    counts: torch.Tensor  # [B] int64, tokens generated so far
+    max_new: torch.Tensor  # [B] int64
+    cum_logprob: torch.Tensor  # [B] float32
+    out_tokens: torch.Tensor  # [B, n_text_ctx] int64
+
+
+def _mask(n_vocab: int, token_ids: Sequence[int], device: torch.device) -> torch.Tensor:
+    mask = torch.zeros(n_vocab, dtype=torch.float32)
+    mask[[t for t in token_ids if t < n_vocab]] = float("-inf")
+    return mask.to(device)
+
+
+def _select(logits: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy choice and its log-probability under the masked distribution."""
+    logprobs = torch.log_softmax(logits + mask, dim=-1)
+    token = logprobs.argmax(dim=-1)
+    return token, logprobs.gather(-1, token[:, None])[:, 0]
+
+
+class GreedyDecoder:
+    def __init__(
+        self, model: Whisper, cache: KVCache, tokens: WhisperTokens, device: torch.device
+    ) -> None:
+        self.model = model
+        self.cache = cache
+        self.tokens = tokens
+        self.device = device
+        self.eot = tokens.special.eot
+        n_vocab = model.dims.n_vocab
+        self.suppress = _mask(n_vocab, tokens.suppress_ids, device)
+        self.suppress_first = _mask(
+            n_vocab, tokens.suppress_ids + tokens.suppress_ids_begin, device
+        )
+        rows = cache.max_batch
+
+        def zeros(*shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        self.state = StepState(
+            tokens=zeros(rows),
+            positions=zeros(rows),
+            finished=zeros(rows, dtype=torch.bool),
+            counts=zeros(rows),
+            max_new=zeros(rows),
+            cum_logprob=zeros(rows, dtype=torch.float32),
+            out_tokens=zeros(rows, cache.n_text_ctx),
+        )
+        # Host mirrors, pinned on CUDA so device-to-host copies are async DMA.
+        pinned = device.type == "cuda"
+        self.host_finished = torch.zeros(rows, dtype=torch.bool, pin_memory=pinned)
+        self.host_counts = torch.zeros(rows, dtype=torch.int64, pin_memory=pinned)
+        self.host_cum = torch.zeros(rows, dtype=torch.float32, pin_memory=pinned)
+        self.host_tokens = torch.zeros(
+            (rows, cache.n_text_ctx), dtype=torch.int64, pin_memory=pinned
+        )
+        self.host_no_speech = torch.zeros(rows, dtype=torch.float32, pin_memory=pinned)
+
+    def encode(self, mel: torch.Tensor) -> None:
+        """Batched encoder; its output lives only as the cross-attention cache."""
+        self.model.decoder.write_cross(self.model.encoder(mel), self.cache)
+
+    def prefill(self, plans: Sequence[PromptPlan], bucket: int) -> torch.Tensor:
+        """Run the prompts, pick each row's first token, arm the step state; returns p(nospeech)."""
+        n = len(plans)
+        longest = max(len(plan.tokens) for plan in plans)
+        padded = [list(plan.tokens) + [self.eot] * (longest - len(plan.tokens)) for plan in plans]
+        prompt = torch.tensor(padded, dtype=torch.int64).to(self.device)
+        last = torch.tensor([len(plan.tokens) - 1 for plan in plans]).to(self.device)
+        sot = torch.tensor([plan.sot_index for plan in plans]).to(self.device)
+        hidden = self.model.decoder.prefill(prompt, self.cache)
+        rows = torch.arange(n, device=self.device)
+        logits = self.model.decoder.logits(torch.cat([hidden[rows, last], hidden[rows, sot]]))
+        first, first_logprob = _select(logits[:n], self.suppress_first)
+        no_speech = torch.softmax(logits[n:], dim=-1)[:, self.tokens.special.no_speech]
+
+        state = self.state
+        max_new = torch.tensor([plan.max_new_tokens for plan in plans]).to(self.device)
+        # Padding rows of the bucket are born finished: the step leaves them untouched.
+        state.finished[:bucket].fill_(True)
+        state.finished[:n].copy_((first == self.eot) | (max_new <= 1))
+        state.tokens[:bucket].fill_(self.eot)
+        state.tokens[:n].copy_(first)
+        state.positions[:bucket].zero_()
+        state.positions[:n].copy_(last + 1)
+        state.counts[:bucket].zero_()
+        state.counts[:n].fill_(1)
+        state.max_new[:bucket].fill_(1)
+        state.max_new[:n].copy_(max_new)
+        state.cum_logprob[:bucket].zero_()
+        state.cum_logprob[:n].copy_(first_logprob)
+        state.out_tokens[:n, 0].copy_(first)
+        return no_speech
+
+    def step(self, bucket: int) -> None:
+        """One token for every row of the bucket; device-only work (graph-capturable)."""
+        s = self.state
+        tokens, positions, finished = s.tokens[:bucket], s.positions[:bucket], s.finished[:bucket]
+        counts = s.counts[:bucket]
+        logits = self.model.decoder.step(tokens, positions, self.cache)
+        chosen, logprob = _select(logits, self.suppress)
+        active = ~finished
+        chosen = torch.where(active, chosen, self.eot)
+        s.cum_logprob[:bucket].add_(torch.where(active, logprob, 0.0))
+        # Finished rows write <|endoftext|> past their end; the host reads only `counts` tokens.
+        s.out_tokens[:bucket].scatter_(1, counts[:, None], chosen[:, None])
+        counts.add_(active.long())
+        finished.logical_or_(chosen == self.eot).logical_or_(counts >= s.max_new[:bucket])
+        # Clamp: a row that just finished must not index past the cache on later replays.
+        positions.add_(active.long()).clamp_(max=self.cache.n_text_ctx - 1)
+        tokens.copy_(chosen)
+
+    def _to_host(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        for host, device_tensor in pairs:
+            host.copy_(device_tensor, non_blocking=True)
+        if self.device.type == "cuda":
+            # Waits for these copies only (and the work queued before them), not the device.
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            done.record()
+            done.synchronize()
+
+    def all_finished(self, n: int) -> bool:
+        """The host's look at the finished flags (every k steps, not every step)."""
+        self._to_host([(self.host_finished[:n], self.state.finished[:n])])
+        return bool(self.host_finished[:n].all())
+
+    def read_back(self, no_speech: torch.Tensor, n: int) -> list[DecodedRow]:
+        """One device-to-host transfer of the finished batch."""
+        s = self.state
+        self._to_host(
+            [
+                (self.host_counts[:n], s.counts[:n]),
+                (self.host_cum[:n], s.cum_logprob[:n]),
+                (self.host_tokens[:n], s.out_tokens[:n]),
+                (self.host_no_speech[:n], no_speech.float()),
+            ]
+        )
+        counts = self.host_counts[:n].tolist()
+        out = self.host_tokens[:n].tolist()
+        cum = self.host_cum[:n].tolist()
+        no_speech_host = self.host_no_speech[:n].tolist()
+        rows = []
+        for i in range(n):
+            generated = out[i][: counts[i]]
+            if generated and generated[-1] == self.eot:
+                generated = generated[:-1]
+            # faster-whisper: cum_logprob / (seq_len + 1), seq_len without <|endoftext|>.
+            rows.append(
+                DecodedRow(
+                    tokens=tuple(generated),
+                    avg_logprob=cum[i] / (len(generated) + 1),
+                    no_speech_prob=no_speech_host[i],
+                )
+            )
+        return rows

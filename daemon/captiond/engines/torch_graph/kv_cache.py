@@ -1,0 +1,52 @@
+"""Preallocated static key/value caches (gpt-fast style), one set shared by every batch bucket.
+
+Owns the device memory the decoder attends to: self-attention K/V `[L, B, H, 448, Dh]`, written at
+a device-side position each step, and cross-attention K/V `[L, B, H, 1500, Dh]`, written once per
+request from the encoder output. A bucket of b rows uses the first b rows of each layer, which is
+a contiguous view, so CUDA graphs captured for different buckets read the same buffers. Runs on
+the engine thread only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from captiond.engines.torch_graph.weights import ModelDims
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KVCache:
+    self_k: torch.Tensor
+    self_v: torch.Tensor
+    cross_k: torch.Tensor
+    cross_v: torch.Tensor
+
+    @property
+    def n_text_ctx(self) -> int:
+        return int(self.self_k.shape[3])
+
+    @property
+    def max_batch(self) -> int:
+        return int(self.self_k.shape[1])
+
+    @property
+    def n_bytes(self) -> int:
+        tensors = (self.self_k, self.self_v, self.cross_k, self.cross_v)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def allocate_cache(
+    dims: ModelDims, max_batch: int, device: torch.device, dtype: torch.dtype
+) -> KVCache:
+    head_dim = dims.n_text_state // dims.n_text_head
+    self_shape = (dims.n_text_layer, max_batch, dims.n_text_head, dims.n_text_ctx, head_dim)
+    cross_shape = (dims.n_text_layer, max_batch, dims.n_text_head, dims.n_audio_ctx, head_dim)
+    # Zeros, not empty: padding rows of a bucket read these before any request wrote them.
+    return KVCache(
+        self_k=torch.zeros(self_shape, device=device, dtype=dtype),
+        self_v=torch.zeros(self_shape, device=device, dtype=dtype),
+        cross_k=torch.zeros(cross_shape, device=device, dtype=dtype),
+        cross_v=torch.zeros(cross_shape, device=device, dtype=dtype),
+    )

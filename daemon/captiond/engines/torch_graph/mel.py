@@ -1,0 +1,101 @@
+"""Log-mel features on the device, bit-for-bit faster-whisper's recipe up to float rounding.
+
+Owns the Slaney mel filterbank, the periodic Hann window and the pinned host buffer audio is
+staged through. Runs on the engine thread only (the staging buffer is reused batch after batch).
+
+Recipe (faster_whisper/feature_extractor.py): append 160 zero samples, reflect-pad 200 samples on
+each side (STFT centring), frames of 400 every 160 samples, drop the last frame, power spectrum,
+Slaney mel, log10 clamped at 1e-10, floor at max-8, (x+4)/4; then the *normalised* log-mel is
+zero-padded to 3000 frames (30 s).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+SAMPLE_RATE_HZ = 16_000
+N_FFT = 400
+HOP_SAMPLES = 160
+WINDOW_SAMPLES = 30 * SAMPLE_RATE_HZ
+N_FRAMES = WINDOW_SAMPLES // HOP_SAMPLES  # 3000 frames = 30 s
+_TAIL_PAD_SAMPLES = 160  # faster-whisper's `padding=160`
+_CENTRE_PAD_SAMPLES = N_FFT // 2
+# Longest centred signal: 30 s + tail pad + both centring pads; its STFT has N_FRAMES + 2 frames.
+STAGED_SAMPLES = WINDOW_SAMPLES + _TAIL_PAD_SAMPLES + 2 * _CENTRE_PAD_SAMPLES
+
+
+def slaney_mel_filters(n_mels: int) -> npt.NDArray[np.float32]:
+    """The [n_mels, 201] Slaney-scaled filterbank faster-whisper uses (no librosa)."""
+    fft_freqs_hz = np.fft.rfftfreq(n=N_FFT, d=1.0 / SAMPLE_RATE_HZ)
+    mels = np.linspace(0.0, 45.245640471924965, n_mels + 2)
+    hz_per_mel = 200.0 / 3
+    freqs_hz = hz_per_mel * mels
+    # Above 1 kHz the Slaney scale is logarithmic.
+    min_log_hz = 1000.0
+    min_log_mel = min_log_hz / hz_per_mel
+    log_step = np.log(6.4) / 27.0
+    is_log = mels >= min_log_mel
+    freqs_hz[is_log] = min_log_hz * np.exp(log_step * (mels[is_log] - min_log_mel))
+    freq_diff_hz = np.diff(freqs_hz)
+    ramps = freqs_hz.reshape(-1, 1) - fft_freqs_hz.reshape(1, -1)
+    lower = -ramps[:-2] / freq_diff_hz[:-1, None]
+    upper = ramps[2:] / freq_diff_hz[1:, None]
+    weights = np.maximum(0.0, np.minimum(lower, upper))
+    # Slaney normalisation: roughly constant energy per channel.
+    weights *= (2.0 / (freqs_hz[2 : n_mels + 2] - freqs_hz[:n_mels]))[:, None]
+    return weights.astype(np.float32)
+
+
+def valid_frames(n_samples: int) -> int:
+    """Frames faster-whisper keeps for `n_samples` of audio before the 3000-frame pad or trim."""
+    return (n_samples + _TAIL_PAD_SAMPLES) // HOP_SAMPLES
+
+
+class MelFrontend:
+    """Turns a batch of float32 16 kHz clips into [B, n_mels, 3000] normalised log-mel."""
+
+    def __init__(self, n_mels: int, max_batch: int, device: torch.device) -> None:
+        self.device = device
+        self.filters = torch.from_numpy(slaney_mel_filters(n_mels)).to(device)
+        self.window = torch.hann_window(N_FFT, periodic=True, dtype=torch.float32, device=device)
+        # Pinned so the host-to-device copy is a true async DMA (pinning needs CUDA).
+        self.staging = torch.zeros(
+            (max_batch, STAGED_SAMPLES), dtype=torch.float32, pin_memory=device.type == "cuda"
+        )
+        self.staged = torch.zeros((max_batch, STAGED_SAMPLES), dtype=torch.float32, device=device)
+        self.frame_index = torch.arange(N_FRAMES + 2, device=device)
+
+    def __call__(self, audios: Sequence[npt.NDArray[np.float32]]) -> torch.Tensor:
+        """Clips longer than 30 s are cut to their first 30 s."""
+        n = len(audios)
+        n_valid = []
+        staging = self.staging.numpy()
+        for row, audio in enumerate(audios):
+            clip = np.asarray(audio[:WINDOW_SAMPLES], dtype=np.float32)
+            tail_padded = np.pad(clip, (0, _TAIL_PAD_SAMPLES))
+            # Reflect-pad on the host: the reflection depends on each clip's own end.
+            centred = np.pad(tail_padded, _CENTRE_PAD_SAMPLES, mode="reflect")
+            staging[row, : centred.size] = centred
+            staging[row, centred.size :] = 0.0
+            n_valid.append(valid_frames(clip.size))
+        staged = self.staged[:n]
+        staged.copy_(self.staging[:n], non_blocking=True)
+        return self._log_mel(staged, torch.tensor(n_valid).to(self.device, non_blocking=True))
+
+    def _log_mel(self, staged: torch.Tensor, n_valid: torch.Tensor) -> torch.Tensor:
+        spectrum = torch.stft(
+            staged, N_FFT, HOP_SAMPLES, window=self.window, center=False, return_complex=True
+        )
+        power = spectrum.abs() ** 2  # [B, 201, N_FRAMES + 2]
+        log_spec = torch.clamp(self.filters @ power, min=1e-10).log10()
+        # The max-8 floor sees only the clip's own frames (faster-whisper never sees padding).
+        valid = self.frame_index[None, :] < n_valid[:, None]  # [B, frames]
+        masked = log_spec.masked_fill(~valid[:, None, :], float("-inf"))
+        peak = masked.amax(dim=(1, 2), keepdim=True)
+        log_spec = (torch.maximum(log_spec, peak - 8.0) + 4.0) / 4.0
+        log_spec = log_spec.masked_fill(~valid[:, None, :], 0.0)
+        return log_spec[:, :, :N_FRAMES].contiguous()

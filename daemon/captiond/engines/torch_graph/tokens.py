@@ -1,0 +1,152 @@
+"""Whisper tokens for the torch_graph engine: special ids, prompts, suppression sets, decoding.
+
+Owns what faster-whisper decides around the model: the prompt (`get_prompt`), the suppressed
+tokens (`get_suppressed_tokens` with the default `suppress_tokens=[-1]`, plus config.json's
+`suppress_ids`, plus `suppress_ids_begin` on the first step) and text decoding. Runs on the engine
+thread; built once on the thread that builds the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import tokenizers
+
+# faster-whisper's `max_length`: prompt and generated tokens together.
+MAX_LENGTH = 448
+_MULTILINGUAL_MIN_VOCAB = 51865  # .en vocabularies have 51864 entries
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpecialTokens:
+    eot: int
+    sot: int
+    sot_prev: int
+    sot_lm: int
+    no_timestamps: int
+    no_speech: int
+    transcribe: int
+    translate: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PromptPlan:
+    """One request's prompt and where CTranslate2 reads its scores."""
+
+    tokens: tuple[int, ...]
+    sot_index: int
+    # CTranslate2 decodes at most min(448 // 2, 448 - (len(prompt) - 1)) tokens.
+    max_new_tokens: int
+
+
+def _non_speech_tokens(tokenizer: tokenizers.Tokenizer) -> set[int]:
+    """faster_whisper.tokenizer.Tokenizer.non_speech_tokens, verbatim in behaviour."""
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False).ids)
+
+    symbols = list('"#()*+/:;<=>@[\\]^_`{|}~「」『』')
+    symbols += [
+        "<<",
+        ">>",
+        "<<<",
+        ">>>",
+        "--",
+        "---",
+        "-(",
+        "-[",
+        "('",
+        '("',
+        "((",
+        "))",
+        "(((",
+        ")))",
+        "[[",
+        "]]",
+        "{{",
+        "}}",
+        "♪♪",
+        "♪♪♪",
+    ]
+    miscellaneous = set("♩♪♫♬♭♮♯")
+    # Hyphens and quotes are fine inside words, not at the start of one.
+    result = {encode(" -")[0], encode(" '")[0]}
+    for symbol in symbols + sorted(miscellaneous):
+        for tokens in (encode(symbol), encode(" " + symbol)):
+            if len(tokens) == 1 or symbol in miscellaneous:
+                result.add(tokens[0])
+    return result
+
+
+class WhisperTokens:
+    """The tokenizer and the model's token rules (from tokenizer.json and config.json)."""
+
+    def __init__(self, model_path: Path, n_vocab: int) -> None:
+        self.tokenizer = tokenizers.Tokenizer.from_file(str(model_path / "tokenizer.json"))
+        config = json.loads((model_path / "config.json").read_text(encoding="utf-8"))
+        self.multilingual = n_vocab >= _MULTILINGUAL_MIN_VOCAB
+        special = SpecialTokens(
+            eot=self._id("<|endoftext|>"),
+            sot=self._id("<|startoftranscript|>"),
+            sot_prev=self._id("<|startofprev|>"),
+            sot_lm=self._id("<|startoflm|>"),
+            no_timestamps=self._id("<|notimestamps|>"),
+            no_speech=self._optional_id("<|nospeech|>") or self._id("<|nocaptions|>"),
+            transcribe=self._id("<|transcribe|>"),
+            translate=self._id("<|translate|>"),
+        )
+        self.special = special
+        every_step = set(config.get("suppress_ids", ())) | _non_speech_tokens(self.tokenizer)
+        every_step |= {
+            special.transcribe,
+            special.translate,
+            special.sot,
+            special.sot_prev,
+            special.sot_lm,
+            special.no_speech,
+        }
+        self.suppress_ids = tuple(sorted(every_step))
+        # suppress_blank: config.json's suppress_ids_begin (" " and <|endoftext|>) on step one.
+        self.suppress_ids_begin = tuple(sorted(config.get("suppress_ids_begin", ())))
+
+    def _optional_id(self, token: str) -> int | None:
+        found = self.tokenizer.token_to_id(token)
+        return None if found is None else int(found)
+
+    def _id(self, token: str) -> int:
+        found = self._optional_id(token)
+        if found is None:
+            raise ValueError(f"tokenizer.json has no {token} token")
+        return found
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def prompt(self, previous_text: str, language: str | None) -> PromptPlan:
+        """faster-whisper's get_prompt(without_timestamps=True) for `previous_text`."""
+        tokens: list[int] = []
+        previous = previous_text.strip()
+        if previous:
+            tokens.append(self.special.sot_prev)
+            tokens += self.encode(" " + previous)[-(MAX_LENGTH // 2 - 1) :]
+        sot_index = len(tokens)
+        tokens.append(self.special.sot)
+        if self.multilingual:
+            tokens += [self._id(f"<|{language or 'en'}|>"), self.special.transcribe]
+        tokens.append(self.special.no_timestamps)
+        max_new = min(MAX_LENGTH // 2, MAX_LENGTH - (len(tokens) - 1))
+        return PromptPlan(tokens=tuple(tokens), sot_index=sot_index, max_new_tokens=max_new)
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        """Text tokens only (ids below <|endoftext|>), as faster-whisper's Tokenizer.decode."""
+        return str(self.tokenizer.decode([t for t in tokens if t < self.special.eot]))
+
+
+def compression_ratio(text: str) -> float:
+    """faster_whisper's get_compression_ratio: bytes over zlib-compressed bytes."""
+    raw = text.encode("utf-8")
+    return len(raw) / len(zlib.compress(raw))

@@ -1,0 +1,68 @@
+"""The one exception tree of captiond.
+
+Every error the daemon raises on purpose derives from `CaptiondError`. Errors that end a client
+session carry a protocol `code` (the `error` message's code); server.py maps them to close codes
+in one place. Pure values: used on every thread.
+"""
+
+from __future__ import annotations
+
+
+class CaptiondError(Exception):
+    """Base of every error captiond raises on purpose."""
+
+
+class ConfigError(CaptiondError):
+    """A configuration file, option or model path is invalid."""
+
+
+class ModelNotFoundError(ConfigError):
+    """The model folder does not exist or is not a CTranslate2 Whisper folder."""
+
+
+class SessionError(CaptiondError):
+    """An error that ends one client session; `code` goes into the `error` message."""
+
+    code = "internal"
+
+
+class BadAudioError(SessionError):
+    """Audio the daemon cannot take: odd byte counts, unsupported rate or encoding."""
+
+    code = "bad_audio"
+
+
+class FrameTooLargeError(SessionError):
+    """A websocket frame over the configured maximum."""
+
+    code = "too_large"
+
+
+class BadMessageError(SessionError):
+    """A protocol violation: malformed JSON, unknown type, audio where none belongs."""
+
+    code = "bad_message"
+
+
+class OverloadedError(SessionError):
+    """The daemon is at its session limit."""
+
+    code = "overloaded"
+
+
+class UnauthorizedError(SessionError):
+    """The client did not present the configured token."""
+
+    code = "unauthorized"
+
+
+class EngineFailedError(SessionError):
+    """The inference engine raised while decoding this session's audio."""
+
+    code = "engine_failed"
+
+
+class SourceNotFoundError(SessionError):
+    """A viewer asked for a daemon-side source that does not exist."""
+
+    code = "no_such_source"

@@ -1,0 +1,34 @@
+"""Logging set-up for the CLI (the daemon's modules only ever call logging.getLogger).
+
+Under systemd (JOURNAL_STREAM set) lines carry no timestamp, since journald adds its own, and
+start with the syslog priority prefix so `journalctl -p` filters work.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+_PRIORITY = {
+    logging.DEBUG: 7,
+    logging.INFO: 6,
+    logging.WARNING: 4,
+    logging.ERROR: 3,
+    logging.CRITICAL: 2,
+}
+
+
+class _JournalFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"<{_PRIORITY.get(record.levelno, 6)}>{super().format(record)}"
+
+
+def configure_logging(level: str) -> None:
+    handler = logging.StreamHandler()
+    if os.environ.get("JOURNAL_STREAM"):
+        handler.setFormatter(_JournalFormatter("%(name)s: %(message)s"))
+    else:
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        )
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)

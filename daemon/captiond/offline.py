@@ -1,0 +1,60 @@
+"""Offline transcription of a whole file through the streaming session, without partials.
+
+Runs on the calling thread, which owns the engine for the duration (the CLI's main thread, or a
+benchmark). Using StreamSession itself guarantees the same VAD, segmentation, prompts and
+hallucination filter as streaming, so streaming and offline differ only in what streaming adds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from captiond.audio import ms_to_samples
+from captiond.config import Config
+from captiond.engines import Engine
+from captiond.protocol import Control, Final, StreamParams
+from captiond.session import StreamSession
+from captiond.vad import webrtc_vad
+
+_CHUNK_MS = 500
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transcript:
+    text: str
+    segments: tuple[Final, ...]
+    audio_ms: int
+
+
+def transcribe_samples(
+    samples: npt.NDArray[np.float32], engine: Engine, config: Config
+) -> Transcript:
+    """16 kHz mono float32 audio to the finals a stream of it would produce."""
+    session = StreamSession(
+        config=config,
+        vad=webrtc_vad(config.vad.aggressiveness),
+        params=StreamParams(language=config.stream.language),
+        partials=False,
+    )
+    finals: list[Final] = []
+
+    def drain() -> None:
+        while (request := session.next_request()) is not None:
+            (result,) = engine.transcribe_batch([request.engine_request])
+            session.on_result(request, result)
+        finals.extend(m for m in session.take_messages() if isinstance(m, Final))
+
+    chunk = ms_to_samples(_CHUNK_MS)
+    for start in range(0, len(samples), chunk):
+        session.receive_samples(samples[start : start + chunk])
+        drain()
+    session.receive_control(Control.END)
+    drain()
+    return Transcript(
+        text=" ".join(f.text for f in finals if f.text),
+        segments=tuple(finals),
+        audio_ms=session.audio_ms,
+    )

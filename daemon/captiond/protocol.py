@@ -1,0 +1,149 @@
+"""Protocol v1 codec: stream parameters, client control messages, server messages as JSON.
+
+Pure functions and values (Sans-I/O), used on the event-loop thread. The message table is in
+DESIGN.md §3 and the README; this module is its single implementation on the daemon side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from captiond import PROTOCOL
+from captiond.errors import BadAudioError, BadMessageError
+
+ENCODINGS = {"pcm_s16le": 2, "f32le": 4}
+MIN_SAMPLE_RATE_HZ = 8_000
+MAX_SAMPLE_RATE_HZ = 192_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamParams:
+    """What the client's audio is: from the `/v1/stream` query string."""
+
+    sample_rate_hz: int = 16_000
+    encoding: str = "pcm_s16le"
+    language: str = "en"
+
+    @property
+    def bytes_per_sample(self) -> int:
+        return ENCODINGS[self.encoding]
+
+
+def parse_stream_params(query: Mapping[str, str], default_language: str) -> StreamParams:
+    """Validate the query string of `/v1/stream`; unknown parameters are ignored."""
+    encoding = query.get("encoding", "pcm_s16le")
+    if encoding not in ENCODINGS:
+        raise BadAudioError(
+            f"unsupported encoding {encoding!r}: use one of {', '.join(sorted(ENCODINGS))}"
+        )
+    rate_text = query.get("sample_rate", "16000")
+    try:
+        rate_hz = int(rate_text)
+    except ValueError:
+        raise BadAudioError(f"sample_rate must be an integer, got {rate_text!r}") from None
+    if not MIN_SAMPLE_RATE_HZ <= rate_hz <= MAX_SAMPLE_RATE_HZ:
+        raise BadAudioError(
+            f"unsupported sample_rate {rate_hz}: use {MIN_SAMPLE_RATE_HZ}..{MAX_SAMPLE_RATE_HZ} Hz"
+        )
+    language = query.get("language", default_language)
+    if not (language.isalpha() and 2 <= len(language) <= 3):
+        raise BadMessageError(f"language must be a 2- or 3-letter code, got {language!r}")
+    return StreamParams(sample_rate_hz=rate_hz, encoding=encoding, language=language.lower())
+
+
+class Control(enum.Enum):
+    """Client → server control messages."""
+
+    FINALIZE = "finalize"
+    END = "end"
+    KEEPALIVE = "keepalive"
+
+
+def parse_control(text: str) -> Control:
+    """Decode one client text frame; unknown fields are ignored, unknown types are errors."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadMessageError(f"malformed JSON: {exc.msg} at position {exc.pos}") from exc
+    if not isinstance(data, dict):
+        raise BadMessageError("a control message must be a JSON object with a 'type'")
+    kind = data.get("type")
+    if not isinstance(kind, str):
+        raise BadMessageError("a control message needs a string 'type'")
+    try:
+        return Control(kind)
+    except ValueError:
+        known = ", ".join(c.value for c in Control)
+        raise BadMessageError(f"unknown message type {kind!r} (known: {known})") from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerMessage:
+    TYPE: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.TYPE, **dataclasses.asdict(self)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ready(ServerMessage):
+    TYPE: ClassVar[str] = "ready"
+    protocol: str = PROTOCOL
+    session: str
+    sample_rate: int
+    model: str
+    engine: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Partial(ServerMessage):
+    TYPE: ClassVar[str] = "partial"
+    segment: int
+    rev: int
+    start_ms: int
+    end_ms: int
+    stable: str
+    unstable: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Final(ServerMessage):
+    TYPE: ClassVar[str] = "final"
+    segment: int
+    start_ms: int
+    end_ms: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeechStarted(ServerMessage):
+    TYPE: ClassVar[str] = "speech_started"
+    start_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeechStopped(ServerMessage):
+    TYPE: ClassVar[str] = "speech_stopped"
+    end_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Done(ServerMessage):
+    TYPE: ClassVar[str] = "done"
+    audio_ms: int
+    segments: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Error(ServerMessage):
+    TYPE: ClassVar[str] = "error"
+    code: str
+    message: str

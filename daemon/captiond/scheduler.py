@@ -1,0 +1,137 @@
+"""InferenceScheduler: every session's decode requests, batched through one engine thread.
+
+Two sides. The asyncio side (`submit`, event-loop thread) queues a request with a future and
+awaits it. The engine thread (the only thread that touches the engine, its model and any CUDA
+context) takes finals first, then partials, oldest first, up to `max_batch`, waiting at most
+`max_wait_ms` for a batch to fill, and resolves the futures through `call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from itertools import count
+
+from captiond.config import SchedulerConfig
+from captiond.engines import DecodeKind, Engine, EngineRequest, EngineResult
+from captiond.errors import EngineFailedError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(order=True, slots=True)
+class _Item:
+    priority: tuple[int, int]
+    request: EngineRequest = field(compare=False)
+    future: asyncio.Future[EngineResult] = field(compare=False)
+    loop: asyncio.AbstractEventLoop = field(compare=False)
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    batches: int = 0
+    requests: int = 0
+    busy_s: float = 0.0
+    heartbeat_monotonic: float = field(default_factory=time.monotonic)
+
+
+class InferenceScheduler:
+    def __init__(self, engine: Engine, config: SchedulerConfig) -> None:
+        self._engine = engine
+        self._max_batch = max(1, config.max_batch)
+        self._max_wait_s = config.max_wait_ms / 1000
+        self._pending: list[_Item] = []
+        self._cond = threading.Condition()
+        self._seq = count()
+        self._stopping = False
+        self.stats = SchedulerStats()
+        self._thread = threading.Thread(target=self._run, name="captiond-engine", daemon=True)
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Finish the batch in progress, fail what is still queued, and join the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join()
+
+    async def submit(self, request: EngineRequest) -> EngineResult:
+        """Queue one request and wait for its result (EngineFailedError if the engine raised)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[EngineResult] = loop.create_future()
+        rank = 0 if request.kind is DecodeKind.FINAL else 1
+        with self._cond:
+            if self._stopping:
+                raise EngineFailedError("the engine is shutting down")
+            self._pending.append(_Item((rank, next(self._seq)), request, future, loop))
+            self._cond.notify()
+        return await future
+
+    @property
+    def queued(self) -> int:
+        with self._cond:
+            return len(self._pending)
+
+    # -- engine thread -----------------------------------------------------------------------
+
+    def _take_batch(self) -> list[_Item] | None:
+        with self._cond:
+            while not self._pending and not self._stopping:
+                # Wake up now and then so the heartbeat shows the thread is alive when idle.
+                self._cond.wait(timeout=1.0)
+                self.stats.heartbeat_monotonic = time.monotonic()
+            if self._stopping and not self._pending:
+                return None
+            deadline = time.monotonic() + self._max_wait_s
+            while len(self._pending) < self._max_batch and not self._stopping:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(timeout=left)
+            self._pending.sort()
+            batch, self._pending = (
+                self._pending[: self._max_batch],
+                self._pending[self._max_batch :],
+            )
+            return batch
+
+    def _run(self) -> None:
+        while (batch := self._take_batch()) is not None:
+            live = [item for item in batch if not item.future.cancelled()]
+            if not live:
+                continue
+            started = time.monotonic()
+            try:
+                results = self._engine.transcribe_batch([item.request for item in live])
+            except Exception as exc:  # the engine's failure fails this batch, not the daemon
+                log.exception("engine failed on a batch of %d", len(live))
+                error = EngineFailedError(f"the engine failed: {type(exc).__name__}: {exc}")
+                for item in live:
+                    item.loop.call_soon_threadsafe(_set_exception, item.future, error)
+            else:
+                for item, result in zip(live, results, strict=True):
+                    item.loop.call_soon_threadsafe(_set_result, item.future, result)
+            now = time.monotonic()
+            self.stats.batches += 1
+            self.stats.requests += len(live)
+            self.stats.busy_s += now - started
+            self.stats.heartbeat_monotonic = now
+
+
+def _set_result(future: asyncio.Future[EngineResult], result: EngineResult) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _set_exception(future: asyncio.Future[EngineResult], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)

@@ -1,0 +1,135 @@
+"""Utterance segmentation: webrtcvad per 30 ms frame, with hysteresis, an RMS floor and a cap.
+
+Sans-I/O, owned by one StreamSession on the event-loop thread. Input: consecutive 30 ms frames.
+Output: `UtteranceStart` / `UtteranceEnd` events in absolute 16 kHz samples.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from captiond import SAMPLE_RATE_HZ
+from captiond.audio import FRAME_SAMPLES, Samples, ms_to_samples, to_int16_bytes
+from captiond.config import StreamConfig, VadConfig
+
+FRAME_MS = FRAME_SAMPLES * 1000 // SAMPLE_RATE_HZ
+
+
+class Vad(Protocol):
+    """The part of `webrtcvad.Vad` the segmenter uses (tests script it)."""
+
+    def is_speech(self, buf: bytes, sample_rate: int) -> bool: ...
+
+
+def webrtc_vad(aggressiveness: int) -> Vad:
+    import webrtcvad
+
+    vad: Vad = webrtcvad.Vad(aggressiveness)
+    return vad
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UtteranceStart:
+    start_sample: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UtteranceEnd:
+    end_sample: int
+
+
+VadEvent = UtteranceStart | UtteranceEnd
+
+
+def rms_dbfs(frame: Samples) -> float:
+    power = float(np.mean(np.square(frame, dtype=np.float64)))
+    return 10.0 * np.log10(power) if power > 1e-20 else -200.0
+
+
+class VadSegmenter:
+    """Turns frames into utterances.
+
+    Start: at least `start_voiced_ratio` of the last `start_window_ms` voiced; the utterance
+    begins `preroll_ms` before that window (never before the previous utterance's end).
+    End: `endpoint_silence_ms` of unvoiced frames; the utterance keeps that trailing silence,
+    which Whisper decodes better than a hard cut. Cap: at `max_utterance_s` the utterance is cut
+    at the quietest frame of the last `cut_search_s`, so no word is split and every decode fits
+    one 30 s Whisper window.
+    """
+
+    def __init__(self, vad: Vad, vad_config: VadConfig, stream_config: StreamConfig) -> None:
+        self._vad = vad
+        self._floor_dbfs = vad_config.rms_floor_dbfs
+        self._window_frames = max(1, vad_config.start_window_ms // FRAME_MS)
+        self._start_voiced = int(np.ceil(vad_config.start_voiced_ratio * self._window_frames))
+        self._preroll_samples = ms_to_samples(vad_config.preroll_ms)
+        self._endpoint_frames = max(1, vad_config.endpoint_silence_ms // FRAME_MS)
+        self._max_samples = ms_to_samples(stream_config.max_utterance_s * 1000)
+        self._cut_search_frames = max(1, int(stream_config.cut_search_s * 1000) // FRAME_MS)
+        self._window: deque[bool] = deque(maxlen=self._window_frames)
+        self._next_frame_sample = 0
+        self._last_end_sample = 0
+        self._start_sample: int | None = None
+        self._silent_frames = 0
+        # (frame start sample, dBFS) of the open utterance's recent frames, for the cap's cut.
+        self._recent: deque[tuple[int, float]] = deque(maxlen=self._cut_search_frames)
+
+    @property
+    def in_utterance(self) -> bool:
+        return self._start_sample is not None
+
+    @property
+    def utterance_start_sample(self) -> int | None:
+        return self._start_sample
+
+    def push(self, frame: Samples) -> Iterator[VadEvent]:
+        """Feed the next 30 ms frame."""
+        frame_start = self._next_frame_sample
+        frame_end = frame_start + FRAME_SAMPLES
+        self._next_frame_sample = frame_end
+        level_dbfs = rms_dbfs(frame)
+        voiced = level_dbfs >= self._floor_dbfs and self._vad.is_speech(
+            to_int16_bytes(frame), SAMPLE_RATE_HZ
+        )
+        if self._start_sample is None:
+            self._window.append(voiced)
+            if sum(self._window) >= self._start_voiced:
+                window_start = frame_end - len(self._window) * FRAME_SAMPLES
+                start = max(window_start - self._preroll_samples, self._last_end_sample)
+                self._open(start)
+                yield UtteranceStart(start_sample=start)
+            return
+        self._recent.append((frame_start, level_dbfs))
+        self._silent_frames = 0 if voiced else self._silent_frames + 1
+        if self._silent_frames >= self._endpoint_frames:
+            yield self._close(frame_end)
+        elif frame_end - self._start_sample >= self._max_samples:
+            cut = self._quietest_cut()
+            yield self._close(cut)
+            self._open(cut)
+            yield UtteranceStart(start_sample=cut)
+
+    def flush(self, end_sample: int) -> Iterator[VadEvent]:
+        """Close the open utterance at `end_sample` (finalize, or end of stream)."""
+        if self._start_sample is not None:
+            yield self._close(max(end_sample, self._start_sample))
+
+    def _open(self, start_sample: int) -> None:
+        self._start_sample = start_sample
+        self._silent_frames = 0
+        self._recent.clear()
+
+    def _close(self, end_sample: int) -> UtteranceEnd:
+        self._start_sample = None
+        self._last_end_sample = end_sample
+        self._window.clear()
+        return UtteranceEnd(end_sample=end_sample)
+
+    def _quietest_cut(self) -> int:
+        frame_start, _ = min(self._recent, key=lambda item: item[1])
+        return frame_start + FRAME_SAMPLES // 2

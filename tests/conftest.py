@@ -1,0 +1,35 @@
+"""Shared fixtures: the real speech corpus (../shared/speech) and small helpers."""
+
+from __future__ import annotations
+
+import json
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SPEECH_DIR = REPO_ROOT.parent / "shared" / "speech"
+
+
+@pytest.fixture(scope="session")
+def speech_dir() -> Path:
+    """The shared speech corpus; every test that needs real speech goes through here."""
+    if not (SPEECH_DIR / "manifest.jsonl").is_file():
+        pytest.skip(f"real speech corpus not found at {SPEECH_DIR} (it lives beside the repo)")
+    return SPEECH_DIR
+
+
+@pytest.fixture(scope="session")
+def speech_manifest(speech_dir: Path) -> list[dict[str, Any]]:
+    with (speech_dir / "manifest.jsonl").open(encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def read_wav_int16(path: Path) -> np.ndarray:
+    """A 16-bit mono WAV as int16 samples."""
+    with wave.open(str(path), "rb") as wf:
+        assert wf.getsampwidth() == 2 and wf.getnchannels() == 1
+        return np.frombuffer(wf.readframes(wf.getnframes()), dtype="<i2").copy()
