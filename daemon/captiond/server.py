@@ -41,7 +41,7 @@ from captiond.errors import (
 from captiond.protocol import Control, Error, Ready, parse_control, parse_stream_params
 from captiond.scheduler import InferenceScheduler
 from captiond.session import SessionState, StreamSession
-from captiond.vad import webrtc_vad
+from captiond.vad import Vad, webrtc_vad
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +80,15 @@ class _Live:
 class Daemon:
     """Serves protocol v1 with one scheduler and engine shared by every session."""
 
-    def __init__(self, config: Config, scheduler: InferenceScheduler) -> None:
+    def __init__(
+        self,
+        config: Config,
+        scheduler: InferenceScheduler,
+        vad_factory: Callable[[], Vad] | None = None,
+    ) -> None:
         self.config = config
         self.scheduler = scheduler
+        self._vad_factory = vad_factory or (lambda: webrtc_vad(config.vad.aggressiveness))
         self._live: dict[str, _Live] = {}
         self._server: Server | None = None
         self.sessions_total = 0
@@ -186,9 +192,7 @@ class Daemon:
                 f"session limit reached ({self.config.server.max_sessions}); try again later"
             )
         params = parse_stream_params(query, self.config.stream.language)
-        session = StreamSession(
-            config=self.config, vad=webrtc_vad(self.config.vad.aggressiveness), params=params
-        )
+        session = StreamSession(config=self.config, vad=self._vad_factory(), params=params)
         session_id = uuid.uuid4().hex[:12]
         live = _Live(session=session, wake=asyncio.Event())
         self._live[session_id] = live
@@ -205,12 +209,7 @@ class Daemon:
                     engine=engine.name,
                 ).to_json()
             )
-            pump = asyncio.create_task(self._pump(conn, live))
-            try:
-                await self._read(conn, live)
-                await pump
-            finally:
-                pump.cancel()
+            await self._run_session(conn, live)
         except SessionError as exc:
             error = exc
         except ConnectionClosed:
@@ -226,6 +225,20 @@ class Daemon:
             )
         if error is not None:
             await self._fail(conn, error)
+
+    async def _run_session(self, conn: ServerConnection, live: _Live) -> None:
+        """Reader and pump side by side; the first to fail, or a vanished client, ends both."""
+        reader = asyncio.create_task(self._read(conn, live))
+        pump = asyncio.create_task(self._pump(conn, live))
+        try:
+            done, _ = await asyncio.wait({reader, pump}, return_when=asyncio.FIRST_COMPLETED)
+            if pump in done and pump.exception() is None:
+                await reader  # the pump closed the connection: the reader ends with it
+            for task in done:
+                task.result()
+        finally:
+            reader.cancel()
+            pump.cancel()
 
     async def _read(self, conn: ServerConnection, live: _Live) -> None:
         """Feed frames to the session until the stream is done or the client goes away."""

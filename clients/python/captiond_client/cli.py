@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", type=Path)
     p.add_argument("--url", default=DEFAULT_URL, help=f"daemon stream URL (default {DEFAULT_URL})")
     p.add_argument(
-        "--speed", type=float, default=1.0, help="× real time; 0 sends as fast as possible"
+        "--speed", type=float, default=1.0, help="times real time; 0 sends as fast as possible"
     )
     p.add_argument("--json", action="store_true", help="print every server message as JSON")
     p.add_argument("--out", type=Path, help="write the final transcript (.txt, .vtt or .srt)")

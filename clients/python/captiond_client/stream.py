@@ -1,6 +1,6 @@
 """Streaming audio to a daemon over protocol v1 (asyncio, the caller's event loop).
 
-`stream_samples` paces 16 kHz mono audio at `speed` × real time (0: as fast as the socket
+`stream_samples` paces 16 kHz mono audio at `speed` times real time (0: as fast as the socket
 takes it), sends `end`, and hands every server message to `on_message` until `done`.
 """
 
@@ -62,9 +62,7 @@ async def send_chunks(
         await conn.send(json.dumps({"type": "end"}))
 
 
-async def paced_chunks(
-    samples: npt.NDArray[np.float32], speed: float
-) -> AsyncIterator[bytes]:
+async def paced_chunks(samples: npt.NDArray[np.float32], speed: float) -> AsyncIterator[bytes]:
     """100 ms PCM chunks, sent on the schedule of real time divided by `speed`."""
     chunk = TARGET_RATE_HZ * CHUNK_MS // 1000
     started = time.monotonic()

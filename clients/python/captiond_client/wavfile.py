@@ -35,11 +35,14 @@ def read_wav_16k_mono(path: Path) -> npt.NDArray[np.float32]:
     if width == 1:
         ints -= 128.0
     scale = float(2 ** (8 * width - 1))
-    mono = (ints.reshape(-1, channels).mean(axis=1) / scale).astype(np.float32)
+    mono: npt.NDArray[np.float32] = (ints.reshape(-1, channels).mean(axis=1) / scale).astype(
+        np.float32
+    )
     if rate_hz != TARGET_RATE_HZ:
         import soxr
 
-        mono = soxr.resample(mono, rate_hz, TARGET_RATE_HZ).astype(np.float32)
+        resampled: npt.NDArray[np.float32] = soxr.resample(mono, rate_hz, TARGET_RATE_HZ)
+        mono = resampled.astype(np.float32, copy=False)
     return mono
 
 

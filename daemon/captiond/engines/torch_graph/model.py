@@ -199,14 +199,19 @@ class TextDecoder(nn.Module):
 
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """[B, T] right-padded prompt tokens -> hidden states [B, T, D] (pre final norm)."""
-        x = self.token_embedding(tokens) + self.positional_embedding[: tokens.shape[1]]
+        x = (
+            F.embedding(tokens, self.token_embedding.weight)
+            + self.positional_embedding[: tokens.shape[1]]
+        )
         for layer, block in enumerate(self.layers):
             x = block.prefill(x, cache, layer)
         return x
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """[B] tokens at [B] positions -> [B, n_vocab] float32 logits."""
-        x = (self.token_embedding(tokens) + self.positional_embedding[positions])[:, None, :]
+        x = (
+            F.embedding(tokens, self.token_embedding.weight) + self.positional_embedding[positions]
+        )[:, None, :]
         # Row r may see cache slots 0..positions[r]; later slots hold stale or padding K/V.
         slots = torch.arange(cache.n_text_ctx, device=tokens.device)
         mask = (slots[None, :] <= positions[:, None])[:, None, None, :]

@@ -52,7 +52,8 @@ class _Cursor:
 
     def unpack(self, fmt: str) -> int:
         size = struct.calcsize("<" + fmt)
-        (value,) = struct.unpack_from("<" + fmt, self.data  # type: ignore[arg-type]  # ndarray is a buffer, self.offset_bytes)
+        raw = self.data[self.offset_bytes : self.offset_bytes + size].tobytes()
+        (value,) = struct.unpack("<" + fmt, raw)
         self.offset_bytes += size
         return int(value)
 

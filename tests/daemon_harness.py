@@ -1,0 +1,130 @@
+"""Test harness: a real captiond daemon on a free loopback port, and a tiny protocol client."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import numpy as np
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from captiond.config import Config
+from captiond.engines import Engine
+from captiond.engines.fake import FakeEngine
+from captiond.scheduler import InferenceScheduler
+from captiond.server import Daemon
+from captiond.vad import Vad, rms_dbfs
+
+RATE = 16_000
+
+
+class LoudnessVad:
+    """A scripted stand-in for webrtcvad: a frame is speech when it is louder than -40 dBFS."""
+
+    def is_speech(self, buf: bytes, sample_rate: int) -> bool:
+        frame = np.frombuffer(buf, dtype="<i2").astype(np.float32) / 32768
+        return rms_dbfs(frame) > -40.0
+
+
+def tone_bursts(bursts_s: list[float], gap_s: float = 1.0) -> np.ndarray:
+    """Loud 220 Hz bursts separated by silence, as int16 samples (speech for LoudnessVad)."""
+    parts: list[np.ndarray] = [np.zeros(int(0.5 * RATE))]
+    for dur in bursts_s:
+        t = np.arange(int(dur * RATE)) / RATE
+        parts += [0.3 * np.sin(2 * np.pi * 220 * t), np.zeros(int(gap_s * RATE))]
+    return (np.concatenate(parts) * 32767).astype("<i2")
+
+
+def make_config(**sections: dict[str, Any]) -> Config:
+    base = Config()
+    server = dataclasses.replace(base.server, port=0, **sections.pop("server", {}))
+    config = dataclasses.replace(base, server=server)
+    for name, values in sections.items():
+        config = dataclasses.replace(
+            config, **{name: dataclasses.replace(getattr(config, name), **values)}
+        )
+    return config
+
+
+@contextlib.asynccontextmanager
+async def running_daemon(
+    config: Config | None = None,
+    engine: Engine | None = None,
+    vad_factory: Callable[[], Vad] | None = LoudnessVad,
+) -> AsyncIterator[Daemon]:
+    config = config or make_config()
+    scheduler = InferenceScheduler(engine or FakeEngine(), config.scheduler)
+    scheduler.start()
+    daemon = Daemon(config, scheduler, vad_factory=vad_factory)
+    await daemon.start()
+    try:
+        yield daemon
+    finally:
+        await daemon.shutdown(timeout_s=5)
+        scheduler.stop()
+
+
+def url(daemon: Daemon, path: str = "/v1/stream", query: str = "") -> str:
+    return f"ws://127.0.0.1:{daemon.port}{path}{'?' + query if query else ''}"
+
+
+@dataclasses.dataclass
+class Exchange:
+    messages: list[dict[str, Any]]
+    close_code: int | None
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [m for m in self.messages if m["type"] == kind]
+
+
+async def collect(conn: ClientConnection) -> Exchange:
+    """Read messages until the server closes the connection."""
+    messages: list[dict[str, Any]] = []
+    with contextlib.suppress(ConnectionClosed):
+        async for raw in conn:
+            assert isinstance(raw, str)
+            messages.append(json.loads(raw))
+    return Exchange(messages, conn.close_code)
+
+
+async def stream_pcm(
+    target: str, pcm: np.ndarray, chunk_samples: int = 1600, pause_s: float = 0.0
+) -> Exchange:
+    """Send audio in chunks (pausing between them), then `end`; return what the server said."""
+    async with connect(target) as conn:
+        reader = asyncio.create_task(collect(conn))
+        for start in range(0, len(pcm), chunk_samples):
+            await conn.send(pcm[start : start + chunk_samples].tobytes())
+            await asyncio.sleep(pause_s)
+        await conn.send(json.dumps({"type": "end"}))
+        return await asyncio.wait_for(reader, 30)
+
+
+def check_invariants(ex: Exchange) -> None:
+    """DESIGN sections 3 and 4 for one session's messages."""
+    assert ex.messages[0]["type"] == "ready"
+    finals: dict[int, dict[str, Any]] = {}
+    last_partial: dict[int, dict[str, Any]] = {}
+    for m in ex.messages[1:]:
+        if m["type"] == "partial":
+            seg = m["segment"]
+            assert seg not in finals, "partial after the segment's final"
+            prev = last_partial.get(seg)
+            if prev is not None:
+                assert m["rev"] > prev["rev"]
+                assert m["stable"].startswith(prev["stable"]), "stable text shrank"
+            last_partial[seg] = m
+        elif m["type"] == "final":
+            assert m["segment"] not in finals, "two finals for one segment"
+            finals[m["segment"]] = m
+            assert m["start_ms"] <= m["end_ms"]
+    assert sorted(finals) == list(range(len(finals))), "segments not numbered 0, 1, 2, …"
+    assert set(last_partial) <= set(finals), "a segment with partials never got its final"
+    if ex.of("done"):
+        assert ex.messages[-1]["type"] == "done"
+        assert ex.messages[-1]["segments"] == len(finals)

@@ -1,0 +1,259 @@
+"""Config: defaults, TOML loading, strict keys and types, overrides, dump/load round trip."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from captiond.config import (
+    AuthConfig,
+    Config,
+    EngineConfig,
+    SchedulerConfig,
+    ServerConfig,
+    StreamConfig,
+    VadConfig,
+    config_from_mapping,
+    dump_toml,
+    load_config,
+    override,
+)
+from captiond.errors import ConfigError
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "captiond.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# -- defaults ---------------------------------------------------------------------------------
+
+
+def test_defaults_match_design() -> None:
+    config = Config()
+    assert load_config(None) == config
+    assert config.server == ServerConfig()
+    assert config.server.host == "127.0.0.1"
+    assert config.server.port == 8765
+    assert config.vad.aggressiveness == 3
+    assert config.vad.start_window_ms == 300
+    assert config.vad.start_voiced_ratio == pytest.approx(0.9)
+    assert config.vad.preroll_ms == 300
+    assert config.vad.endpoint_silence_ms == 500
+    assert config.stream.partial_interval_ms == 500
+    assert config.stream.max_utterance_s == pytest.approx(20.0)
+    assert config.stream.max_utterance_s < 30.0
+    assert config.stream.prompt_chars == 200
+    assert config.stream.compression_ratio_threshold == pytest.approx(2.4)
+    assert config.scheduler == SchedulerConfig()
+    assert config.engine.name == "auto"
+    assert config.auth.token == ""
+
+
+def test_config_values_are_frozen() -> None:
+    config = Config()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.server.port = 1  # type: ignore[misc]
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+
+def test_load_file_overlays_defaults(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        """
+[server]
+host = "0.0.0.0"
+port = 9000
+
+[vad]
+endpoint_silence_ms = 700
+rms_floor_dbfs = -60.5
+
+[engine]
+name = "fake"
+
+[auth]
+token = "s3cret"
+""",
+    )
+    config = load_config(path)
+    assert config.server == ServerConfig(host="0.0.0.0", port=9000)
+    assert config.vad == VadConfig(endpoint_silence_ms=700, rms_floor_dbfs=-60.5)
+    assert config.engine == EngineConfig(name="fake")
+    assert config.auth == AuthConfig(token="s3cret")
+    # Sections not in the file keep their defaults.
+    assert config.stream == StreamConfig()
+    assert config.scheduler == SchedulerConfig()
+
+
+def test_empty_file_is_defaults(tmp_path: Path) -> None:
+    assert load_config(_write(tmp_path, "")) == Config()
+
+
+def test_unknown_section_is_named(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[bogus]\nx = 1\n[also_bogus]\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert "bogus" in message
+    assert "also_bogus" in message
+    assert str(path) in message
+
+
+def test_unknown_keys_are_named(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[server]\nport = 1\nprot = 2\nhots = 'x'\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert "prot" in message
+    assert "hots" in message
+    assert "[server]" in message
+
+
+def test_section_must_be_a_table() -> None:
+    with pytest.raises(ConfigError, match="server"):
+        config_from_mapping({"server": 5})
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [
+        ("server", "port", '"8765"'),
+        ("server", "port", "true"),
+        ("server", "port", "8765.0"),
+        ("vad", "aggressiveness", "false"),
+        ("stream", "max_utterance_s", '"20"'),
+        ("stream", "max_utterance_s", "true"),
+        ("server", "host", "1234"),
+        ("engine", "cpu_threads", "[1, 2]"),
+    ],
+)
+def test_wrong_types_are_rejected_naming_the_key(
+    tmp_path: Path, section: str, key: str, value: str
+) -> None:
+    path = _write(tmp_path, f"[{section}]\n{key} = {value}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert key in str(info.value)
+    assert f"[{section}]" in str(info.value)
+
+
+def test_int_is_accepted_for_float(tmp_path: Path) -> None:
+    config = load_config(_write(tmp_path, "[stream]\nmax_utterance_s = 15\n[vad]\n"))
+    assert config.stream.max_utterance_s == 15.0
+    assert isinstance(config.stream.max_utterance_s, float)
+
+
+def test_invalid_toml_names_the_path(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[server\nport = = 1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+    assert "TOML" in str(info.value)
+
+
+def test_missing_file_names_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "nope" / "captiond.toml"
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+    assert isinstance(info.value.__cause__, OSError)
+
+
+# -- override ---------------------------------------------------------------------------------
+
+
+def test_override_ignores_none() -> None:
+    base = Config()
+    assert override(base, "server", host=None, port=None) is base
+    changed = override(base, "server", host="0.0.0.0", port=None)
+    assert changed.server == ServerConfig(host="0.0.0.0")
+    assert changed.vad == base.vad
+
+
+def test_override_is_type_checked() -> None:
+    with pytest.raises(ConfigError, match="port"):
+        override(Config(), "server", port="80")
+    with pytest.raises(ConfigError, match="nosuch"):
+        override(Config(), "server", nosuch=1)
+
+
+# -- dump_toml round trip ----------------------------------------------------------------------
+
+
+def test_dump_toml_round_trips_defaults(tmp_path: Path) -> None:
+    text = dump_toml(Config())
+    for section in ("server", "vad", "stream", "scheduler", "engine", "auth"):
+        assert f"[{section}]" in text
+    assert load_config(_write(tmp_path, text)) == Config()
+
+
+def test_dump_toml_round_trips_changed_values(tmp_path: Path) -> None:
+    config = Config(
+        server=ServerConfig(host="::1", port=1, tls_cert='/etc/a "b"\\c.pem'),
+        vad=VadConfig(start_voiced_ratio=0.75, rms_floor_dbfs=-61.25),
+        stream=StreamConfig(max_utterance_s=12.5, language="de", logprob_threshold=-0.3),
+        scheduler=SchedulerConfig(max_batch=16),
+        engine=EngineConfig(name="fake", model="/m/tiny", compute_type="int8"),
+        auth=AuthConfig(token="tab\there 'quoted' ünïcode"),
+    )
+    assert load_config(_write(tmp_path, dump_toml(config))) == config
+
+
+_printable_text = st.text(
+    alphabet=st.characters(blacklist_categories=("Cc", "Cs")), max_size=20
+)
+
+
+def _section_strategy(cls: type[Any]) -> st.SearchStrategy[Any]:
+    fields: dict[str, st.SearchStrategy[Any]] = {}
+    for f in dataclasses.fields(cls):
+        default = f.default
+        if isinstance(default, bool):
+            fields[f.name] = st.booleans()
+        elif isinstance(default, int):
+            fields[f.name] = st.integers(min_value=-(2**62), max_value=2**62)
+        elif isinstance(default, float):
+            fields[f.name] = st.floats(allow_nan=False, allow_infinity=True, width=64)
+        else:
+            fields[f.name] = _printable_text
+    return st.builds(cls, **fields)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    server=_section_strategy(ServerConfig),
+    vad=_section_strategy(VadConfig),
+    stream=_section_strategy(StreamConfig),
+    engine=_section_strategy(EngineConfig),
+    auth=_section_strategy(AuthConfig),
+)
+def test_dump_toml_round_trips_any_values(
+    server: ServerConfig,
+    vad: VadConfig,
+    stream: StreamConfig,
+    engine: EngineConfig,
+    auth: AuthConfig,
+) -> None:
+    import tomllib
+
+    config = Config(server=server, vad=vad, stream=stream, engine=engine, auth=auth)
+    assert config_from_mapping(tomllib.loads(dump_toml(config))) == config
+
+
+@pytest.mark.parametrize("escape", ["\\n", "\\u0007", "\\u007f"])
+def test_dump_toml_round_trips_control_characters(tmp_path: Path, escape: str) -> None:
+    # A TOML file may legally hold control characters through escapes; the dumped config
+    # (`serve --print-config`) must read back too.
+    config = load_config(_write(tmp_path, f'[auth]\ntoken = "line1{escape}line2"\n'))
+    assert "line1" in config.auth.token
+    again = load_config(_write(tmp_path, dump_toml(config)))
+    assert again == config

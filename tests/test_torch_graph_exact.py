@@ -1,0 +1,161 @@
+"""torch_graph on the CPU (FP32, eager) against faster-whisper on the real model and real speech.
+
+Greedy tokens must be identical to CTranslate2's generate (beam 1, no timestamps, same prompt,
+same suppression) on the same padded 3000-frame features; log-mel within 1e-4 of faster-whisper's
+FeatureExtractor; a mixed batch must decode exactly as its requests one at a time.
+"""
+
+from __future__ import annotations
+
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from captiond.config import EngineConfig  # noqa: E402
+from captiond.engines import DecodeKind, EngineRequest, EngineResult  # noqa: E402
+from captiond.engines.torch_graph import TorchGraphEngine  # noqa: E402
+from captiond.engines.torch_graph.mel import N_FRAMES  # noqa: E402
+from captiond.models import resolve_model  # noqa: E402
+
+pytestmark = pytest.mark.model
+
+N_UTTERANCES = 18
+N_NONSPEECH = 2
+LONG_WINDOWS_S = ((0.0, 25.0), (60.0, 85.0))
+
+
+def _read_wav(path: Path) -> npt.NDArray[np.float32]:
+    with wave.open(str(path), "rb") as wf:
+        assert wf.getframerate() == 16_000 and wf.getnchannels() == 1
+        samples = np.frombuffer(wf.readframes(wf.getnframes()), dtype="<i2")
+    return (samples.astype(np.float32) / 32768.0).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def clips(speech_dir: Path, speech_manifest: list[dict[str, Any]]) -> list[EngineRequest]:
+    """Utterances spread over every source, two non-speech clips, two 25-s long-clip windows.
+
+    Every third request carries the previous utterance's reference text as its prompt.
+    """
+    utterances = [e for e in speech_manifest if e["kind"] == "utterance" and e["duration_s"] <= 30]
+    stride = max(1, len(utterances) // N_UTTERANCES)
+    chosen = utterances[::stride][:N_UTTERANCES]
+    chosen += [e for e in speech_manifest if e["kind"] == "nonspeech"][:N_NONSPEECH]
+    requests = []
+    for i, entry in enumerate(chosen):
+        prompt = chosen[i - 1]["text"][:200] if i % 3 == 2 else ""
+        audio = _read_wav(speech_dir / entry["file"])[: 30 * 16_000]
+        requests.append(EngineRequest(audio=audio, kind=DecodeKind.FINAL, prompt=prompt))
+    long_entry = next(e for e in speech_manifest if e["kind"] == "long" and e["duration_s"] > 90)
+    long_audio = _read_wav(speech_dir / long_entry["file"])
+    for start_s, end_s in LONG_WINDOWS_S:
+        window = long_audio[int(start_s * 16_000) : int(end_s * 16_000)]
+        requests.append(EngineRequest(audio=window, kind=DecodeKind.FINAL))
+    return requests
+
+
+@pytest.fixture(scope="module")
+def model_path() -> Path:
+    return resolve_model(None)
+
+
+@pytest.fixture(scope="module")
+def engine(model_path: Path) -> TorchGraphEngine:
+    config = EngineConfig(name="torch_graph", device="cpu", compute_type="float32")
+    return TorchGraphEngine(model_path, config, max_batch=8)
+
+
+@pytest.fixture(scope="module")
+def faster_whisper_model(model_path: Path) -> Any:
+    faster_whisper = pytest.importorskip("faster_whisper")
+    return faster_whisper.WhisperModel(str(model_path), device="cpu", compute_type="float32")
+
+
+@pytest.fixture(scope="module")
+def singles(engine: TorchGraphEngine, clips: list[EngineRequest]) -> list[EngineResult]:
+    return [engine.transcribe_batch([request])[0] for request in clips]
+
+
+def _reference_features(model: Any, audio: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    features = model.feature_extractor(audio)[:, :N_FRAMES]
+    padded = np.zeros((features.shape[0], N_FRAMES), dtype=np.float32)
+    padded[:, : features.shape[1]] = features
+    return padded
+
+
+def _reference_decode(model: Any, request: EngineRequest) -> Any:
+    from faster_whisper.tokenizer import Tokenizer
+    from faster_whisper.transcribe import get_suppressed_tokens
+
+    tokenizer = Tokenizer(model.hf_tokenizer, model.model.is_multilingual, "transcribe", "en")
+    previous = tokenizer.encode(" " + request.prompt.strip()) if request.prompt.strip() else []
+    prompt = model.get_prompt(tokenizer, previous, without_timestamps=True)
+    # faster-whisper's default suppress_tokens=[-1] resolved, plus -1 for config.json's list.
+    suppress = [-1, *get_suppressed_tokens(tokenizer, [-1])]
+    encoded = model.encode(_reference_features(model, request.audio)[None])
+    return model.model.generate(
+        encoded,
+        [prompt],
+        beam_size=1,
+        max_length=448,
+        return_scores=True,
+        return_no_speech_prob=True,
+        suppress_blank=True,
+        suppress_tokens=suppress,
+    )[0]
+
+
+def test_log_mel_matches_faster_whisper(
+    engine: TorchGraphEngine, faster_whisper_model: Any, clips: list[EngineRequest]
+) -> None:
+    worst = 0.0
+    for request in clips[:: max(1, len(clips) // 6)] + clips[-1:]:
+        ours = engine.mel([request.audio])[0].numpy()
+        theirs = _reference_features(faster_whisper_model, request.audio)
+        worst = max(worst, float(np.abs(ours - theirs).max()))
+    print(f"max |log-mel - faster-whisper| = {worst:.2e}")
+    assert worst < 1e-4
+
+
+def test_greedy_tokens_identical_to_faster_whisper(
+    faster_whisper_model: Any, clips: list[EngineRequest], singles: list[EngineResult]
+) -> None:
+    mismatches = []
+    for i, (request, ours) in enumerate(zip(clips, singles, strict=True)):
+        theirs = _reference_decode(faster_whisper_model, request)
+        tokens = list(theirs.sequences_ids[0])
+        if list(ours.tokens) != tokens:
+            mismatches.append(i)
+            continue
+        # faster-whisper: avg_logprob = score * len / (len + 1) for length_penalty 1.
+        avg_logprob = theirs.scores[0] * len(tokens) / (len(tokens) + 1)
+        assert ours.avg_logprob == pytest.approx(avg_logprob, abs=1e-3)
+        assert ours.no_speech_prob == pytest.approx(theirs.no_speech_prob, abs=1e-3)
+    print(f"{len(clips) - len(mismatches)}/{len(clips)} clips token-identical")
+    assert not mismatches, f"token mismatch on clips {mismatches}"
+
+
+def test_batch_equals_one_at_a_time(
+    engine: TorchGraphEngine, clips: list[EngineRequest], singles: list[EngineResult]
+) -> None:
+    # Mixed lengths, prompts and a 25-s window in one bucket of 8 (6 rows + 2 padding rows).
+    picked = [0, 2, 5, 8, len(clips) - 3, len(clips) - 1]
+    batched = engine.transcribe_batch([clips[i] for i in picked])
+    assert [r.tokens for r in batched] == [singles[i].tokens for i in picked]
+    for ours, single in zip(batched, (singles[i] for i in picked), strict=True):
+        assert ours.text == single.text
+        assert ours.avg_logprob == pytest.approx(single.avg_logprob, abs=1e-4)
+        assert ours.no_speech_prob == pytest.approx(single.no_speech_prob, abs=1e-4)
+
+
+def test_result_fields(singles: list[EngineResult]) -> None:
+    speech = singles[0]
+    assert speech.text and speech.text == speech.text.strip()
+    assert speech.compression_ratio > 0 and speech.avg_logprob < 0
+    assert all(0.0 <= r.no_speech_prob <= 1.0 for r in singles)

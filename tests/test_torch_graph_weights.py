@@ -1,0 +1,102 @@
+"""model.bin reader round trip, dimensions, random weights and mel filterbank (no model files)."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from captiond.engines.torch_graph.cuda_graph import bucket_for, bucket_sizes  # noqa: E402
+from captiond.engines.torch_graph.kv_cache import allocate_cache  # noqa: E402
+from captiond.engines.torch_graph.model import build_model  # noqa: E402
+from captiond.engines.torch_graph.weights import (  # noqa: E402
+    dims_from_tensors,
+    load_tensors,
+    random_tensors,
+    read_model_bin,
+    shape_dims,
+)
+
+_DTYPE_IDS = {np.dtype("<f4"): 0, np.dtype("i1"): 1, np.dtype("<i2"): 2, np.dtype("<f2"): 4}
+
+
+def _string(text: str) -> bytes:
+    raw = text.encode() + b"\0"
+    return struct.pack("<H", len(raw)) + raw
+
+
+def write_model_bin(path: Path, variables: dict[str, np.ndarray], aliases: dict[str, str]) -> None:
+    """The CTranslate2 layout, written independently of the reader under test."""
+    out = struct.pack("<I", 6) + _string("WhisperSpec") + struct.pack("<I", 3)
+    out += struct.pack("<I", len(variables))
+    for name, array in variables.items():
+        out += _string(name) + struct.pack("<B", array.ndim)
+        out += b"".join(struct.pack("<I", d) for d in array.shape)
+        data = np.ascontiguousarray(array).tobytes()
+        out += struct.pack("<B", _DTYPE_IDS[array.dtype]) + struct.pack("<I", len(data)) + data
+    out += struct.pack("<I", len(aliases))
+    for alias, target in aliases.items():
+        out += _string(alias) + _string(target)
+    path.write_bytes(out)
+
+
+def test_model_bin_round_trip(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    variables = {
+        "decoder/embeddings/weight": rng.standard_normal((7, 3)).astype(np.float16),
+        "encoder/conv1/bias": rng.standard_normal(5).astype(np.float32),
+        "decoder/num_heads": np.array(6, dtype=np.int16),
+        "decoder/alibi": np.array(0, dtype=np.int8),
+    }
+    write_model_bin(
+        tmp_path / "model.bin",
+        variables,
+        {"decoder/projection/weight": "decoder/embeddings/weight"},
+    )
+    model = read_model_bin(tmp_path / "model.bin")
+    assert model.name == "WhisperSpec" and model.revision == 3
+    for name, array in variables.items():
+        assert model.variables[name].dtype == array.dtype
+        np.testing.assert_array_equal(model.variables[name], array)
+    np.testing.assert_array_equal(
+        model.variables["decoder/projection/weight"], variables["decoder/embeddings/weight"]
+    )
+    tensors = load_tensors(tmp_path / "model.bin", torch.device("cpu"), torch.float32)
+    # The alias is the same tensor, not a copy: the output projection stays tied.
+    assert tensors["decoder/projection/weight"] is tensors["decoder/embeddings/weight"]
+    assert tensors["decoder/embeddings/weight"].dtype == torch.float32
+    assert int(tensors["decoder/num_heads"].item()) == 6
+
+
+def test_random_tiny_weights_build_and_decode_a_step() -> None:
+    device = torch.device("cpu")
+    tensors = random_tensors("tiny", device, torch.float32)
+    dims = dims_from_tensors(tensors)
+    assert dims == shape_dims("tiny")
+    assert (dims.n_text_head, dims.n_audio_layer, dims.n_vocab) == (6, 4, 51865)
+    model = build_model(tensors, dims)
+    cache = allocate_cache(dims, 2, device, torch.float32)
+    with torch.no_grad():
+        audio = model.encoder(torch.zeros(2, dims.n_mels, 3000))
+        assert audio.shape == (2, dims.n_audio_ctx, dims.n_audio_state)
+        model.decoder.write_cross(audio, cache)
+        hidden = model.decoder.prefill(torch.tensor([[50257, 50362]] * 2), cache)
+        logits = model.decoder.step(torch.tensor([1, 2]), torch.tensor([2, 2]), cache)
+    assert hidden.shape == (2, 2, dims.n_text_state)
+    assert logits.shape == (2, dims.n_vocab) and bool(torch.isfinite(logits).all())
+
+
+def test_large_v3_shape_dims() -> None:
+    dims = shape_dims("large-v3")
+    assert (dims.n_mels, dims.n_text_head, dims.n_text_layer, dims.n_vocab) == (128, 20, 32, 51866)
+
+
+def test_buckets() -> None:
+    assert bucket_sizes(32) == (1, 2, 4, 8, 16, 32)
+    assert bucket_sizes(12) == (1, 2, 4, 8, 12)
+    assert bucket_for(5, bucket_sizes(32)) == 8
+    assert bucket_for(1, bucket_sizes(1)) == 1
