@@ -1,0 +1,207 @@
+"""`captiond bench engine`: encoder, decode-step and end-to-end speed of the engines, as JSON.
+
+Runs on the main thread (the bench owns the engines for the whole run). Both engines are measured
+in the same run on the same audio; torch is imported only through the torch_graph package.
+
+    captiond bench engine --engine torch_graph,faster-whisper --device cuda \
+        --batch 1,8,32,128 [--random-weights large-v3] [--steps N] --out FILE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import platform
+import sys
+import time
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+import captiond
+from captiond.models import resolve_model
+
+SAMPLE_RATE_HZ = 16_000
+SYNTHETIC_AUDIO_S = 10.0
+ENGINES = ("torch_graph", "faster-whisper")
+
+
+def add_engine_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("engine", help="engine speed: encoder, decode step, end to end (JSON)")
+    p.add_argument("--engine", default=",".join(ENGINES), help="comma list of engines")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if seen")
+    p.add_argument("--batch", default=None, help="comma list; default 1,8,32,128 (cuda), 1,2 (cpu)")
+    p.add_argument("--steps", type=int, default=None, help="decode steps timed (128 cuda, 16 cpu)")
+    p.add_argument("--random-weights", default=None, metavar="SHAPE", help="tiny ... large-v3")
+    p.add_argument("--model", default=None, help="CTranslate2 Whisper folder (default: bundled)")
+    p.add_argument("--audio", type=Path, default=None, help="16 kHz mono 16-bit WAV (≤ 30 s)")
+    p.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    p.set_defaults(func=_bench_engine)
+
+
+def _cuda_seen() -> bool:
+    try:
+        from captiond.engines.torch_graph.bench import device_summary
+    except ImportError:
+        return False
+    return device_summary()["gpu"] is not None
+
+
+def _load_audio(path: Path | None) -> tuple[npt.NDArray[np.float32], str]:
+    if path is None:
+        # Deterministic speech-band noise under a syllable-rate envelope: no file needed.
+        rng = np.random.default_rng(0)
+        t_s = np.arange(int(SYNTHETIC_AUDIO_S * SAMPLE_RATE_HZ)) / SAMPLE_RATE_HZ
+        envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 4.0 * t_s)
+        tones = sum(np.sin(2 * np.pi * f_hz * t_s) for f_hz in (220.0, 440.0, 1200.0))
+        audio = (0.05 * envelope * (tones + rng.standard_normal(t_s.size))).astype(np.float32)
+        return audio, f"synthetic {SYNTHETIC_AUDIO_S:g} s"
+    with wave.open(str(path), "rb") as wf:
+        samples = np.frombuffer(wf.readframes(wf.getnframes()), dtype="<i2")
+    audio = (samples[: 30 * SAMPLE_RATE_HZ].astype(np.float32) / 32768.0).astype(np.float32)
+    return audio, str(path)
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _timed_s(work: Any) -> float:
+    started_s = time.perf_counter()
+    work()
+    return time.perf_counter() - started_s
+
+
+def _faster_whisper_batch(
+    model: Any, batch: int, steps: int, audio: npt.NDArray[np.float32]
+) -> dict[str, Any]:
+    from faster_whisper.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(model.hf_tokenizer, model.model.is_multilingual, "transcribe", "en")
+    prompt = model.get_prompt(tokenizer, [], without_timestamps=True)
+
+    def window() -> npt.NDArray[np.float32]:
+        features = model.feature_extractor(audio)[:, :3000]
+        padded = np.zeros((features.shape[0], 3000), dtype=np.float32)
+        padded[:, : features.shape[1]] = features
+        return padded
+
+    stacked = np.repeat(window()[None], batch, axis=0)
+    model.encode(stacked)  # warm
+    encoder_s = _timed_s(lambda: model.encode(stacked))
+    encoded = model.encode(stacked)
+    # max_length 2*steps makes CTranslate2 decode min(L/2, L-1) = `steps` tokens.
+    decode_s = _timed_s(
+        lambda: model.model.generate(
+            encoded,
+            [prompt] * batch,
+            beam_size=1,
+            max_length=2 * steps,
+            suppress_tokens=[-1, tokenizer.eot],
+        )
+    )
+    results: list[Any] = []
+
+    def end_to_end() -> None:
+        mel = np.stack([window() for _ in range(batch)])
+        results.extend(model.model.generate(model.encode(mel), [prompt] * batch))
+
+    wall_s = _timed_s(end_to_end)
+    return {
+        "encoder_ms_per_window": encoder_s / batch * 1e3,
+        "decode_us_per_step": decode_s / steps * 1e6,
+        "decode_us_per_token": decode_s / steps / batch * 1e6,
+        "end_to_end_s": wall_s,
+        "tokens_generated": sum(len(r.sequences_ids[0]) for r in results),
+        "audio_s_per_wall_s": batch * audio.size / SAMPLE_RATE_HZ / wall_s,
+    }
+
+
+def _faster_whisper(
+    model_path: Path, device: str, batches: list[int], steps: int, audio: npt.NDArray[np.float32]
+) -> dict[str, Any]:
+    """The same stages through CTranslate2; the decode runs exactly `steps` steps (EOT masked)."""
+    from faster_whisper import WhisperModel
+
+    compute_type = "float16" if device == "cuda" else "int8"
+    model = WhisperModel(str(model_path), device=device, compute_type=compute_type)
+    per_batch = {str(b): _faster_whisper_batch(model, b, steps, audio) for b in batches}
+    return {
+        "model": model_path.name,
+        "device": device,
+        "compute_type": compute_type,
+        "batches": per_batch,
+        "note": "decode timing includes the one-token prefill; peak device memory is not "
+        "visible to Python for CTranslate2",
+    }
+
+
+def run_engine_bench(args: argparse.Namespace) -> dict[str, Any]:
+    device = args.device or ("cuda" if _cuda_seen() else "cpu")
+    default_batches = "1,8,32,128" if device == "cuda" else "1,2"
+    batches = [int(b) for b in (args.batch or default_batches).split(",")]
+    steps = args.steps or (128 if device == "cuda" else 16)
+    engines = [e.strip() for e in args.engine.split(",") if e.strip()]
+    unknown = sorted(set(engines) - set(ENGINES))
+    if unknown:
+        raise SystemExit(f"unknown engine(s) {', '.join(unknown)}; choose from {ENGINES}")
+    model_path = resolve_model(args.model)
+    audio, audio_name = _load_audio(args.audio)
+    report: dict[str, Any] = {
+        "machine": {"platform": platform.platform(), "cpu": _cpu_model(), "gpu": None},
+        "versions": {
+            "python": sys.version.split()[0],
+            "torch": _version("torch"),
+            "ctranslate2": _version("ctranslate2"),
+            "faster-whisper": _version("faster-whisper"),
+            "captiond": captiond.__version__,
+        },
+        "config": {
+            "engines": engines,
+            "device": device,
+            "batches": batches,
+            "steps": steps,
+            "random_weights": args.random_weights,
+            "model": str(model_path),
+            "audio": audio_name,
+            "audio_s": audio.size / SAMPLE_RATE_HZ,
+        },
+        "engines": {},
+    }
+    for name in engines:
+        if name == "torch_graph":
+            from captiond.engines.torch_graph import bench
+
+            report["machine"]["gpu"] = bench.device_summary()["gpu"]
+            report["engines"][name] = bench.measure(
+                model_path, device, batches, steps, audio, args.random_weights
+            )
+        elif args.random_weights:
+            report["engines"][name] = {"skipped": "faster-whisper cannot use random weights"}
+        else:
+            report["engines"][name] = _faster_whisper(model_path, device, batches, steps, audio)
+    return report
+
+
+def _bench_engine(args: argparse.Namespace) -> int:
+    report = run_engine_bench(args)
+    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(report["engines"], indent=2))
+    return 0

@@ -1,0 +1,70 @@
+"""Word error rate with Whisper's English normaliser (pure functions, any thread)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+
+@cache
+def _normalizer() -> Any:
+    from whisper_normalizer.english import EnglishTextNormalizer
+
+    return EnglishTextNormalizer()
+
+
+def normalize(text: str) -> list[str]:
+    """Whisper's English normalisation, split into words."""
+    words: list[str] = _normalizer()(text).split()
+    return words
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WerCounts:
+    substitutions: int
+    deletions: int
+    insertions: int
+    reference_words: int
+
+    @property
+    def errors(self) -> int:
+        return self.substitutions + self.deletions + self.insertions
+
+    @property
+    def wer(self) -> float:
+        if self.reference_words == 0:
+            return 0.0 if self.errors == 0 else float("inf")
+        return self.errors / self.reference_words
+
+    def __add__(self, other: WerCounts) -> WerCounts:
+        return WerCounts(
+            substitutions=self.substitutions + other.substitutions,
+            deletions=self.deletions + other.deletions,
+            insertions=self.insertions + other.insertions,
+            reference_words=self.reference_words + other.reference_words,
+        )
+
+
+def align(reference: list[str], hypothesis: list[str]) -> WerCounts:
+    """Levenshtein alignment over words; ties prefer substitutions (as jiwer/sclite do)."""
+    # Each cell: (cost, substitutions, deletions, insertions) of the best path so far.
+    prev = [(j, 0, 0, j) for j in range(len(hypothesis) + 1)]
+    for i, ref_word in enumerate(reference, start=1):
+        row = [(i, 0, i, 0)]
+        for j, hyp_word in enumerate(hypothesis, start=1):
+            c, s, d, n = prev[j - 1]
+            diag = (c, s, d, n) if ref_word == hyp_word else (c + 1, s + 1, d, n)
+            c, s, d, n = prev[j]
+            up = (c + 1, s, d + 1, n)
+            c, s, d, n = row[j - 1]
+            left = (c + 1, s, d, n + 1)
+            row.append(min(diag, up, left, key=lambda cell: cell[0]))
+        prev = row
+    _, s, d, n = prev[-1]
+    return WerCounts(substitutions=s, deletions=d, insertions=n, reference_words=len(reference))
+
+
+def word_errors(reference: str, hypothesis: str) -> WerCounts:
+    """Align normalised texts."""
+    return align(normalize(reference), normalize(hypothesis))

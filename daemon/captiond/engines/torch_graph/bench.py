@@ -1,0 +1,119 @@
+"""Speed measurements of the torch_graph engine for `captiond bench engine` (torch stays in here).
+
+Owns the timing of each stage at each batch size: log-mel, encoder (+ cross-attention K/V),
+the decode step eager and graph-replayed, end-to-end transcription, and peak memory. Runs on the
+bench's main thread, which owns the engine for the whole run.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from captiond.config import EngineConfig
+from captiond.engines import DecodeKind, EngineRequest
+from captiond.engines.torch_graph import TorchGraphEngine
+from captiond.engines.torch_graph.cuda_graph import bucket_for
+
+SAMPLE_RATE_HZ = 16_000
+
+
+def device_summary() -> dict[str, Any]:
+    """torch's version and the GPU it sees (None without one)."""
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"torch": torch.__version__, "gpu": gpu, "cuda": torch.version.cuda}
+
+
+def _timed_s(device: torch.device, work: Callable[[], object]) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    started_s = time.perf_counter()
+    work()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - started_s
+
+
+def _step_us(engine: TorchGraphEngine, bucket: int, steps: int, graphed: bool) -> float:
+    run = engine.graphs.run if graphed else engine.decoder.step
+
+    def loop() -> None:
+        for _ in range(steps):
+            run(bucket)
+
+    with torch.no_grad():
+        loop()  # warm: first calls select kernels
+        return _timed_s(engine.device, loop) / steps * 1e6
+
+
+def _measure_batch(
+    engine: TorchGraphEngine, batch: int, steps: int, audio: npt.NDArray[np.float32]
+) -> dict[str, Any]:
+    audios = [audio] * batch
+    requests = [EngineRequest(audio=audio, kind=DecodeKind.FINAL)] * batch
+    bucket = bucket_for(batch, engine.graphs.buckets)
+    with torch.no_grad():
+        mel_s = _timed_s(engine.device, lambda: engine.mel(audios))
+        mel = engine.mel(audios).to(engine.dtype)
+        encoder_s = _timed_s(engine.device, lambda: engine.decoder.encode(mel))
+        engine.decoder.prefill([engine.tokens.prompt("", None)] * batch, bucket)
+    eager_us = _step_us(engine, bucket, steps, graphed=False)
+    row: dict[str, Any] = {
+        "bucket": bucket,
+        "mel_ms_per_window": mel_s / batch * 1e3,
+        "encoder_ms_per_window": encoder_s / batch * 1e3,
+        "decode_eager_us_per_step": eager_us,
+        "decode_eager_us_per_token": eager_us / batch,
+    }
+    if engine.graphs.captured:
+        graphed_us = _step_us(engine, bucket, steps, graphed=True)
+        row["decode_graphed_us_per_step"] = graphed_us
+        row["decode_graphed_us_per_token"] = graphed_us / batch
+    results: list[Any] = []
+    wall_s = _timed_s(engine.device, lambda: results.extend(engine.transcribe_batch(requests)))
+    row["end_to_end_s"] = wall_s
+    row["tokens_generated"] = sum(len(r.tokens) for r in results)
+    row["audio_s_per_wall_s"] = batch * audio.size / SAMPLE_RATE_HZ / wall_s
+    return row
+
+
+def measure(
+    model_path: Path,
+    device: str,
+    batches: Sequence[int],
+    steps: int,
+    audio: npt.NDArray[np.float32],
+    random_shape: str | None,
+) -> dict[str, Any]:
+    """Per batch size: ms per encoder window, µs per decode step and token, audio s per wall s."""
+    config = EngineConfig(name="torch_graph", device=device)
+    engine = TorchGraphEngine(model_path, config, max_batch=max(batches), random_shape=random_shape)
+    on_cuda = engine.device.type == "cuda"
+    if on_cuda:
+        torch.cuda.reset_peak_memory_stats()
+    warmup_s = _timed_s(engine.device, engine.warmup)
+    per_batch = {str(b): _measure_batch(engine, b, steps, audio) for b in batches}
+    memory = (
+        {"peak_device_memory_bytes": torch.cuda.max_memory_allocated()}
+        if on_cuda
+        else {"peak_host_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    )
+    summary = {
+        "model": engine.model_name,
+        "device": str(engine.device),
+        "dtype": str(engine.dtype).removeprefix("torch."),
+        "graphs": engine.graphs.captured,
+        "warmup_s": warmup_s,
+        "kv_cache_bytes": engine.cache.n_bytes,
+        "batches": per_batch,
+        **memory,
+    }
+    engine.close()
+    return summary

@@ -1,0 +1,130 @@
+"""The real model on real speech, through the real daemon (webrtcvad, scheduler, websockets).
+
+Streaming must be as accurate as offline transcription of the same audio, stay silent on
+non-speech, and give the same finals whether sessions run alone or side by side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import read_wav_int16
+from daemon_harness import check_invariants, make_config, running_daemon, stream_pcm, url
+
+from captiond.bench.wer import WerCounts, word_errors
+from captiond.config import Config
+from captiond.engines import Engine, load_engine
+from captiond.offline import transcribe_samples
+
+pytestmark = pytest.mark.model
+ENGINES = {
+    "faster-whisper": {"name": "faster-whisper", "device": "cpu"},
+    "torch_graph": {"name": "torch_graph", "device": "cpu"},
+}
+
+
+def pick_clips(manifest: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The LJ Speech long clip and twelve utterances with exact references."""
+    long = [m for m in manifest if m["id"] == "ljspeech_LJ001-0001_to_0032_concat"]
+    utts = [
+        m
+        for m in manifest
+        if m["kind"] == "utterance"
+        and m.get("ref_quality") == "exact"
+        and not m["id"].startswith("ljspeech_LJ001")  # those are inside the long clip
+    ]
+    return long + utts[::25][:12]
+
+
+def finals_text(messages: list[dict[str, Any]]) -> str:
+    return " ".join(m["text"] for m in messages if m["type"] == "final" and m["text"])
+
+
+@pytest.fixture(scope="module", params=sorted(ENGINES))
+def engine_config(request: pytest.FixtureRequest) -> Config:
+    if request.param == "torch_graph":
+        pytest.importorskip("torch", reason="torch_graph needs torch: pip install -e '.[torch]'")
+    return make_config(engine=ENGINES[request.param])
+
+
+@pytest.fixture(scope="module")
+def engine(engine_config: Config) -> Engine:
+    loaded = load_engine(engine_config.engine)
+    loaded.warmup()
+    return loaded
+
+
+def test_streaming_wer_matches_offline(
+    speech_dir: Path, speech_manifest: list[dict[str, Any]], engine_config: Config, engine: Engine
+) -> None:
+    clips = pick_clips(speech_manifest)
+    assert len(clips) >= 11
+    audio = {m["id"]: read_wav_int16(speech_dir / m["file"]) for m in clips}
+    offline = {
+        m["id"]: transcribe_samples(audio[m["id"]].astype(np.float32) / 32768, engine, engine_config)
+        for m in clips
+    }
+
+    async def stream_all() -> dict[str, str]:
+        async with running_daemon(engine_config, engine=engine, vad_factory=None) as daemon:
+            out = {}
+            for m in clips:
+                ex = await stream_pcm(url(daemon), audio[m["id"]], chunk_samples=3200)
+                check_invariants(ex)
+                assert ex.close_code == 1000
+                out[m["id"]] = finals_text(ex.messages)
+            return out
+
+    streamed = asyncio.run(stream_all())
+    total_stream = total_offline = WerCounts(
+        substitutions=0, deletions=0, insertions=0, reference_words=0
+    )
+    for m in clips:
+        total_stream += word_errors(m["text"], streamed[m["id"]])
+        total_offline += word_errors(m["text"], offline[m["id"]].text)
+    print(f"WER streaming {total_stream.wer:.4f} offline {total_offline.wer:.4f}")
+    assert total_offline.wer < 0.25, "the model itself is far off: wrong features or prompt?"
+    assert total_stream.wer <= total_offline.wer + 0.01
+
+
+def test_nonspeech_gives_no_final_words(
+    speech_dir: Path, speech_manifest: list[dict[str, Any]], engine_config: Config, engine: Engine
+) -> None:
+    clips = [m for m in speech_manifest if m["kind"] == "nonspeech"]
+    assert clips
+
+    async def stream_all() -> list[tuple[str, str]]:
+        async with running_daemon(engine_config, engine=engine, vad_factory=None) as daemon:
+            found = []
+            for m in clips:
+                pcm = read_wav_int16(speech_dir / m["file"])
+                ex = await stream_pcm(url(daemon), pcm, chunk_samples=8000)
+                check_invariants(ex)
+                found.append((m["id"], finals_text(ex.messages)))
+            return found
+
+    words = {clip: text for clip, text in asyncio.run(stream_all()) if text}
+    assert words == {}
+
+
+def test_concurrent_sessions_give_the_same_finals(
+    speech_dir: Path, speech_manifest: list[dict[str, Any]], engine_config: Config, engine: Engine
+) -> None:
+    clips = [m for m in pick_clips(speech_manifest) if m["kind"] == "utterance"][:3]
+    pcms = [read_wav_int16(speech_dir / m["file"]) for m in clips]
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        async with running_daemon(engine_config, engine=engine, vad_factory=None) as daemon:
+            alone = [finals_text((await stream_pcm(url(daemon), p)).messages) for p in pcms]
+            together = await asyncio.gather(
+                *(stream_pcm(url(daemon), p, pause_s=0.02) for p in pcms)
+            )
+            return alone, [finals_text(ex.messages) for ex in together]
+
+    alone, together = asyncio.run(scenario())
+    assert all(alone)
+    assert together == alone

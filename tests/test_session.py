@@ -1,0 +1,560 @@
+"""StreamSession (Sans-I/O), driven synchronously with a scripted VAD and a fake engine."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from captiond.audio import Samples
+from captiond.config import Config, StreamConfig
+from captiond.engines import DecodeKind, EngineRequest, EngineResult
+from captiond.engines.fake import FakeEngine
+from captiond.errors import BadAudioError, BadMessageError
+from captiond.protocol import (
+    Control,
+    Done,
+    Final,
+    Partial,
+    ServerMessage,
+    SpeechStarted,
+    SpeechStopped,
+    StreamParams,
+)
+from captiond.session import DecodeRequest, SessionState, StreamSession
+
+RATE = 16_000
+CHUNK_MS = 100
+
+Decoder = Callable[[EngineRequest], EngineResult]
+
+
+class LevelVad:
+    """Scripted VAD: every frame that reaches it is speech. The session's RMS floor keeps the
+    silent frames from it, so a tone is speech and digital silence is not."""
+
+    def is_speech(self, buf: bytes, sample_rate: int) -> bool:
+        return True
+
+
+def tone(seconds: float, *, rate: int = RATE, amplitude: float = 0.1) -> Samples:
+    t = np.arange(round(seconds * rate)) / rate
+    return (amplitude * np.sin(2 * np.pi * 440.0 * t)).astype(np.float32)
+
+
+def silence(seconds: float, *, rate: int = RATE) -> Samples:
+    return np.zeros(round(seconds * rate), dtype=np.float32)
+
+
+def s16(samples: Samples) -> bytes:
+    return (np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def fake_decoder() -> Decoder:
+    engine = FakeEngine()
+
+    def decode(request: EngineRequest) -> EngineResult:
+        return engine.transcribe_batch([request])[0]
+
+    return decode
+
+
+class Driver:
+    """Feeds a session chunk by chunk and answers its requests at once, recording everything."""
+
+    def __init__(
+        self,
+        decoder: Decoder | None = None,
+        *,
+        partials: bool = True,
+        params: StreamParams | None = None,
+        stream: StreamConfig | None = None,
+    ) -> None:
+        config = Config(stream=stream or StreamConfig())
+        self.session = StreamSession(
+            config=config,
+            vad=LevelVad(),
+            params=params or StreamParams(),
+            partials=partials,
+        )
+        self.decoder = decoder or fake_decoder()
+        self.requests: list[DecodeRequest] = []
+        self.messages: list[ServerMessage] = []
+
+    def pump(self) -> None:
+        while (request := self.session.next_request()) is not None:
+            self.requests.append(request)
+            # At most one request in flight: nothing more until this one is answered.
+            assert self.session.next_request() is None
+            self.session.on_result(request, self.decoder(request.engine_request))
+        self.messages += self.session.take_messages()
+
+    def send(self, samples: Samples, *, encode: Callable[[Samples], bytes] = s16) -> None:
+        rate = (self.session_rate_hz * CHUNK_MS) // 1000
+        for i in range(0, len(samples), rate):
+            self.session.receive_audio(encode(samples[i : i + rate]))
+            self.pump()
+
+    @property
+    def session_rate_hz(self) -> int:
+        return self.session._params.sample_rate_hz
+
+    def control(self, control: Control) -> None:
+        self.session.receive_control(control)
+        self.pump()
+
+    def of(self, kind: type[Any]) -> list[Any]:
+        return [m for m in self.messages if isinstance(m, kind)]
+
+
+def two_utterances(driver: Driver) -> None:
+    driver.send(silence(1.0))
+    driver.send(tone(2.0))
+    driver.send(silence(1.0))
+    driver.send(tone(1.5))
+    driver.send(silence(1.0))
+
+
+# -- the message flow -------------------------------------------------------------------------
+
+
+def test_full_flow_two_segments_then_done() -> None:
+    driver = Driver()
+    two_utterances(driver)
+    driver.control(Control.END)
+    messages = driver.messages
+    assert driver.session.done
+    assert driver.session.state is SessionState.DONE
+
+    starts = driver.of(SpeechStarted)
+    stops = driver.of(SpeechStopped)
+    finals: list[Final] = driver.of(Final)
+    partials: list[Partial] = driver.of(Partial)
+    assert len(starts) == len(stops) == 2
+    assert [f.segment for f in finals] == [0, 1]
+    assert all(f.text for f in finals)
+    assert partials, "an utterance of 2 s gets partials"
+    assert isinstance(messages[0], SpeechStarted)
+
+    # Exactly one done, last, with the stream's duration.
+    dones = driver.of(Done)
+    assert len(dones) == 1
+    assert messages[-1] == Done(audio_ms=6500, segments=2)
+
+    # Speech started precedes every partial/final of its segment; the stop precedes the final.
+    for seg, (start, stop) in enumerate(zip(starts, stops, strict=True)):
+        seg_msgs = [m for m in messages if isinstance(m, Partial | Final) and m.segment == seg]
+        first = messages.index(seg_msgs[0])
+        assert messages.index(start) < first
+        final = next(f for f in finals if f.segment == seg)
+        assert messages.index(stop) < messages.index(final)
+        assert final.start_ms == start.start_ms
+        assert final.end_ms == stop.end_ms
+        assert start.start_ms < stop.end_ms
+    # Utterances are where the tone is (pre-roll before, endpoint silence after).
+    assert 300 <= starts[0].start_ms <= 1000 < 3000 < stops[0].end_ms <= 3600
+    assert 3000 < starts[1].start_ms <= 4000 < 5500 < stops[1].end_ms <= 6100
+
+
+def test_partials_revise_with_growing_rev_and_stable() -> None:
+    driver = Driver()
+    two_utterances(driver)
+    driver.control(Control.END)
+    by_segment: dict[int, list[Partial]] = {}
+    for p in driver.of(Partial):
+        by_segment.setdefault(p.segment, []).append(p)
+    assert set(by_segment) <= {0, 1}
+    assert len(by_segment[0]) >= 2
+    for seg, partials in by_segment.items():
+        revs = [p.rev for p in partials]
+        assert revs == sorted(set(revs)), f"rev must increase in segment {seg}"
+        previous: list[str] = []
+        for p in partials:
+            stable = p.stable.split()
+            assert stable[: len(previous)] == previous, "stable never shrinks"
+            previous = stable
+            assert p.end_ms > p.start_ms
+        # Partials of a segment come before its final, never after.
+        final_at = next(
+            i for i, m in enumerate(driver.messages) if isinstance(m, Final) and m.segment == seg
+        )
+        assert all(driver.messages.index(p) < final_at for p in partials)
+    assert by_segment[0][-1].stable, "a 2 s tone stabilizes some words"
+
+
+def test_finals_are_requested_before_partials() -> None:
+    driver = Driver()
+    session = driver.session
+    # Feed without answering anything: the first utterance closes, the second is open.
+    for samples in (silence(0.5), tone(1.5), silence(1.0), tone(1.5)):
+        session.receive_audio(s16(samples))
+    first = session.next_request()
+    assert first is not None
+    assert first.kind is DecodeKind.FINAL
+    assert session.next_request() is None  # one in flight
+    session.receive_audio(s16(tone(1.0)))
+    assert session.next_request() is None  # still one in flight
+    session.on_result(first, driver.decoder(first.engine_request))
+    second = session.next_request()
+    assert second is not None
+    assert second.kind is DecodeKind.PARTIAL
+    assert second.utterance != first.utterance
+
+
+def test_end_with_a_request_in_flight_waits_for_it() -> None:
+    driver = Driver()
+    session = driver.session
+    session.receive_audio(s16(np.concatenate([silence(0.5), tone(1.5)])))
+    partial = session.next_request()
+    assert partial is not None and partial.kind is DecodeKind.PARTIAL
+    session.receive_control(Control.END)
+    assert session.state is SessionState.ENDING
+    assert not any(isinstance(m, Done) for m in session.take_messages())
+    session.on_result(partial, driver.decoder(partial.engine_request))
+    final = session.next_request()
+    assert final is not None and final.kind is DecodeKind.FINAL
+    assert session.next_request() is None
+    session.on_result(final, driver.decoder(final.engine_request))
+    messages = session.take_messages()
+    assert [type(m) for m in messages][-2:] == [Final, Done]
+    assert session.done
+    assert session.next_request() is None
+
+
+def test_end_without_speech_is_just_done() -> None:
+    driver = Driver()
+    driver.send(silence(2.0))
+    driver.control(Control.END)
+    assert driver.messages == [Done(audio_ms=2000, segments=0)]
+    assert driver.requests == []
+
+
+def test_end_flushes_an_open_utterance() -> None:
+    driver = Driver()
+    driver.send(np.concatenate([silence(0.5), tone(1.2)]))
+    assert driver.session.has_open_utterance
+    driver.control(Control.END)
+    finals = driver.of(Final)
+    assert len(finals) == 1
+    assert finals[0].end_ms == 1700
+    assert driver.messages[-1] == Done(audio_ms=1700, segments=1)
+
+
+def test_finalize_forces_an_endpoint() -> None:
+    driver = Driver()
+    driver.send(np.concatenate([silence(0.5), tone(1.5)]))
+    assert not driver.of(Final)
+    driver.control(Control.FINALIZE)
+    stops = driver.of(SpeechStopped)
+    finals = driver.of(Final)
+    assert len(stops) == 1 and stops[0].end_ms == 2000
+    assert len(finals) == 1 and finals[0].segment == 0 and finals[0].end_ms == 2000
+    assert driver.session.state is SessionState.STREAMING
+    # Speech that goes on becomes the next segment.
+    driver.send(tone(1.5))
+    driver.send(silence(1.0))
+    driver.control(Control.END)
+    assert [f.segment for f in driver.of(Final)] == [0, 1]
+    assert driver.of(Final)[1].start_ms >= 2000
+
+
+def test_keepalive_changes_nothing() -> None:
+    driver = Driver()
+    driver.send(np.concatenate([silence(0.5), tone(1.0)]))
+    before = len(driver.messages)
+    driver.control(Control.KEEPALIVE)
+    assert len(driver.messages) == before
+    assert driver.session.has_open_utterance
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+def test_audio_after_end_is_a_protocol_error() -> None:
+    driver = Driver()
+    driver.send(silence(0.3))
+    driver.control(Control.END)
+    with pytest.raises(BadMessageError):
+        driver.session.receive_audio(s16(silence(0.1)))
+    with pytest.raises(BadMessageError):
+        driver.session.receive_samples(silence(0.1))
+
+
+@pytest.mark.parametrize("control", [Control.END, Control.FINALIZE])
+def test_control_after_end_is_a_protocol_error(control: Control) -> None:
+    driver = Driver()
+    driver.control(Control.END)
+    with pytest.raises(BadMessageError):
+        driver.session.receive_control(control)
+
+
+def test_audio_after_end_while_still_flushing_is_an_error() -> None:
+    driver = Driver()
+    session = driver.session
+    session.receive_audio(s16(np.concatenate([silence(0.5), tone(1.5)])))
+    request = session.next_request()
+    assert request is not None
+    session.receive_control(Control.END)
+    assert session.state is SessionState.ENDING
+    with pytest.raises(BadMessageError):
+        session.receive_audio(s16(silence(0.1)))
+
+
+def test_odd_byte_count_is_bad_audio() -> None:
+    driver = Driver()
+    with pytest.raises(BadAudioError):
+        driver.session.receive_audio(b"\x00\x01\x02")
+
+
+# -- sample rates and encodings ---------------------------------------------------------------
+
+
+def test_48k_f32le_stream_is_resampled() -> None:
+    params = StreamParams(sample_rate_hz=48_000, encoding="f32le")
+    driver = Driver(params=params)
+    driver.send(silence(1.0, rate=48_000), encode=lambda x: x.astype("<f4").tobytes())
+    driver.send(tone(1.5, rate=48_000), encode=lambda x: x.astype("<f4").tobytes())
+    driver.send(silence(1.0, rate=48_000), encode=lambda x: x.astype("<f4").tobytes())
+    driver.control(Control.END)
+    done = driver.messages[-1]
+    assert isinstance(done, Done)
+    assert abs(done.audio_ms - 3500) <= 5
+    assert done.segments == 1
+    # Decodes get 16 kHz audio: the utterance's requests span its 16 kHz sample count.
+    final_req = next(r for r in driver.requests if r.kind is DecodeKind.FINAL)
+    audio = final_req.engine_request.audio
+    assert audio.dtype == np.float32
+    assert len(audio) == final_req.end_sample - final_req.start_sample
+    assert 1.5 * RATE < len(audio) < 2.5 * RATE
+    (stop,) = driver.of(SpeechStopped)
+    assert 2500 < stop.end_ms <= 3100
+
+
+def test_session_passes_language_to_the_engine() -> None:
+    driver = Driver(params=StreamParams(language="de"))
+    two_utterances(driver)
+    assert driver.requests
+    assert {r.engine_request.language for r in driver.requests} == {"de"}
+
+
+# -- hallucination filter ---------------------------------------------------------------------
+
+
+def scripted(results: dict[DecodeKind, EngineResult]) -> Decoder:
+    def decode(request: EngineRequest) -> EngineResult:
+        return results[request.kind]
+
+    return decode
+
+
+GOOD = EngineResult(text="hello there", avg_logprob=-0.2, no_speech_prob=0.05)
+HALLUCINATIONS = {
+    "silent_and_unsure": EngineResult(text="Thank you.", avg_logprob=-1.5, no_speech_prob=0.9),
+    "only_punctuation": EngineResult(text=" ... !? ", avg_logprob=-0.1, no_speech_prob=0.0),
+    "empty": EngineResult(text="", avg_logprob=-0.1, no_speech_prob=0.0),
+    "repetitive": EngineResult(
+        text="the the the the the", avg_logprob=-0.1, no_speech_prob=0.0, compression_ratio=3.0
+    ),
+}
+
+
+def one_short_utterance(driver: Driver) -> None:
+    driver.send(np.concatenate([silence(0.5), tone(1.2), silence(1.0)]))
+    driver.control(Control.END)
+
+
+@pytest.mark.parametrize("name", sorted(HALLUCINATIONS))
+def test_dropped_only_decode_leaves_no_trace(name: str) -> None:
+    driver = Driver(scripted({DecodeKind.FINAL: HALLUCINATIONS[name]}), partials=False)
+    one_short_utterance(driver)
+    assert [r.kind for r in driver.requests] == [DecodeKind.FINAL]
+    assert not driver.of(Partial)
+    assert not driver.of(Final)
+    assert len(driver.of(SpeechStarted)) == len(driver.of(SpeechStopped)) == 1
+    assert driver.messages[-1] == Done(audio_ms=2700, segments=0)
+
+
+@pytest.mark.parametrize("name", sorted(HALLUCINATIONS))
+def test_dropped_final_after_a_partial_is_an_empty_final(name: str) -> None:
+    driver = Driver(
+        scripted({DecodeKind.PARTIAL: GOOD, DecodeKind.FINAL: HALLUCINATIONS[name]})
+    )
+    one_short_utterance(driver)
+    partials = driver.of(Partial)
+    assert partials and partials[0].segment == 0
+    assert driver.of(Final) == [
+        Final(segment=0, start_ms=partials[0].start_ms, end_ms=driver.of(Final)[0].end_ms, text="")
+    ]
+    assert driver.messages[-1] == Done(audio_ms=2700, segments=1)
+
+
+@pytest.mark.parametrize("name", sorted(HALLUCINATIONS))
+def test_dropped_partial_is_not_shown(name: str) -> None:
+    driver = Driver(
+        scripted({DecodeKind.PARTIAL: HALLUCINATIONS[name], DecodeKind.FINAL: GOOD})
+    )
+    one_short_utterance(driver)
+    assert any(r.kind is DecodeKind.PARTIAL for r in driver.requests)
+    assert not driver.of(Partial)
+    finals = driver.of(Final)
+    assert [(f.segment, f.text) for f in finals] == [(0, "hello there")]
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        # Whisper's rule needs both: a high no-speech probability alone is not enough ...
+        EngineResult(text="hello", avg_logprob=-0.5, no_speech_prob=0.9),
+        # ... nor a low log-prob alone.
+        EngineResult(text="hello", avg_logprob=-1.5, no_speech_prob=0.1),
+        EngineResult(text="hello", avg_logprob=-0.1, compression_ratio=2.3),
+    ],
+)
+def test_plausible_finals_are_kept(result: EngineResult) -> None:
+    driver = Driver(scripted({DecodeKind.FINAL: result}), partials=False)
+    one_short_utterance(driver)
+    assert [f.text for f in driver.of(Final)] == ["hello"]
+
+
+def test_final_text_is_stripped() -> None:
+    driver = Driver(scripted({DecodeKind.FINAL: EngineResult(text="  hi there \n")}), partials=False)
+    one_short_utterance(driver)
+    assert [f.text for f in driver.of(Final)] == ["hi there"]
+
+
+def test_segments_skip_dropped_utterances() -> None:
+    texts = iter(["first words", "...", "third words"])
+
+    def decode(request: EngineRequest) -> EngineResult:
+        assert request.kind is DecodeKind.FINAL
+        return EngineResult(text=next(texts))
+
+    driver = Driver(decode, partials=False)
+    for _ in range(3):
+        driver.send(np.concatenate([silence(0.5), tone(1.0), silence(1.0)]))
+    driver.control(Control.END)
+    assert [(f.segment, f.text) for f in driver.of(Final)] == [
+        (0, "first words"),
+        (1, "third words"),
+    ]
+    assert driver.messages[-1] == Done(audio_ms=7500, segments=2)
+
+
+# -- partials switch, prompt ------------------------------------------------------------------
+
+
+def test_partials_false_never_asks_for_partials() -> None:
+    driver = Driver(partials=False)
+    two_utterances(driver)
+    driver.send(tone(4.0))
+    driver.control(Control.END)
+    assert driver.requests
+    assert {r.kind for r in driver.requests} == {DecodeKind.FINAL}
+    assert not driver.of(Partial)
+    assert [f.segment for f in driver.of(Final)] == [0, 1, 2]
+
+
+def test_final_requests_use_the_configured_beam() -> None:
+    driver = Driver(stream=StreamConfig(final_beam_size=5))
+    two_utterances(driver)
+    for r in driver.requests:
+        expected = 5 if r.kind is DecodeKind.FINAL else 1
+        assert r.engine_request.beam_size == expected
+
+
+def test_prompt_carries_the_previous_finals() -> None:
+    driver = Driver()
+    two_utterances(driver)
+    driver.send(tone(1.5))
+    driver.send(silence(1.0))
+    driver.control(Control.END)
+    finals = [f.text for f in driver.of(Final)]
+    assert len(finals) == 3
+    by_utterance: dict[int, list[DecodeRequest]] = {}
+    for r in driver.requests:
+        by_utterance.setdefault(r.utterance, []).append(r)
+    first, second, third = (by_utterance[u] for u in sorted(by_utterance))
+    assert {r.engine_request.prompt for r in first} == {""}
+    assert {r.engine_request.prompt for r in second} == {finals[0]}
+    assert {r.engine_request.prompt for r in third} == {f"{finals[0]} {finals[1]}"}
+
+
+def test_prompt_is_the_tail_of_the_finals() -> None:
+    words = [f"word{i:02d}" for i in range(40)]
+    texts = iter([" ".join(words[:20]), " ".join(words[20:]), "last"])
+
+    def decode(request: EngineRequest) -> EngineResult:
+        return EngineResult(text=next(texts))
+
+    driver = Driver(decode, partials=False, stream=StreamConfig(prompt_chars=50))
+    for _ in range(3):
+        driver.send(np.concatenate([silence(0.5), tone(1.0), silence(1.0)]))
+    driver.control(Control.END)
+    assert len(driver.requests) == 3
+    history = " ".join(words)
+    prompt = driver.requests[2].engine_request.prompt
+    assert 0 < len(prompt) <= 50
+    assert history.endswith(prompt)
+    assert prompt.split()[-1] == "word39"
+    assert all(w in words for w in prompt.split()), "the tail starts at a word boundary"
+
+
+def test_no_prompt_when_disabled() -> None:
+    driver = Driver(stream=StreamConfig(prompt_chars=0))
+    two_utterances(driver)
+    assert {r.engine_request.prompt for r in driver.requests} == {""}
+
+
+# -- requests and the buffer ------------------------------------------------------------------
+
+
+def test_requests_cover_their_utterance_from_its_start() -> None:
+    driver = Driver()
+    two_utterances(driver)
+    driver.control(Control.END)
+    for r in driver.requests:
+        assert len(r.engine_request.audio) == r.end_sample - r.start_sample
+        assert r.engine_request.audio.dtype == np.float32
+    by_utterance: dict[int, list[DecodeRequest]] = {}
+    for r in driver.requests:
+        by_utterance.setdefault(r.utterance, []).append(r)
+    for reqs in by_utterance.values():
+        assert len({r.start_sample for r in reqs}) == 1
+        ends = [r.end_sample for r in reqs]
+        assert ends == sorted(ends)
+        assert reqs[-1].kind is DecodeKind.FINAL
+        assert [r.kind for r in reqs].count(DecodeKind.FINAL) == 1
+    ids = [r.id for r in driver.requests]
+    assert len(set(ids)) == len(ids)
+
+
+def test_long_speech_is_cut_into_capped_segments() -> None:
+    stream = StreamConfig(max_utterance_s=3.0, cut_search_s=1.0)
+    driver = Driver(stream=stream)
+    driver.send(np.concatenate([silence(0.5), tone(8.0), silence(1.0)]))
+    driver.control(Control.END)
+    finals = driver.of(Final)
+    assert len(finals) >= 3
+    assert [f.segment for f in finals] == list(range(len(finals)))
+    for f in finals:
+        assert f.end_ms - f.start_ms <= 3000
+    for a, b in zip(finals, finals[1:], strict=False):
+        assert b.start_ms >= a.end_ms - 1
+
+
+def test_receive_samples_takes_16k_floats() -> None:
+    driver = Driver()
+    driver.session.receive_samples(np.concatenate([silence(0.5), tone(1.5), silence(1.0)]))
+    driver.pump()
+    driver.control(Control.END)
+    assert len(driver.of(Final)) == 1
+    assert driver.messages[-1] == Done(audio_ms=3000, segments=1)
+
+
+def test_config_is_not_mutated() -> None:
+    config = Config()
+    StreamSession(config=config, vad=LevelVad(), params=StreamParams())
+    assert dataclasses.asdict(config) == dataclasses.asdict(Config())

@@ -1,0 +1,133 @@
+"""LocalAgreement-2: examples and the invariants (stable only grows, never retracted)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from captiond.stabilize import LocalAgreement, Split
+
+
+def test_first_hypothesis_is_all_unstable() -> None:
+    la = LocalAgreement()
+    assert la.update("the cat sat") == Split(stable=(), unstable=("the", "cat", "sat"))
+    assert la.committed == ()
+
+
+def test_two_agreeing_hypotheses_commit_all_but_the_held_back_word() -> None:
+    la = LocalAgreement()
+    la.update("the cat sat")
+    split = la.update("the cat sat on")
+    # "sat" was the last word of the older hypothesis: held back although both agree on it.
+    assert split == Split(stable=("the", "cat"), unstable=("sat", "on"))
+    assert la.committed == ("the", "cat")
+    split = la.update("the cat sat on the mat")
+    assert split == Split(stable=("the", "cat", "sat"), unstable=("on", "the", "mat"))
+
+
+def test_identical_hypotheses_still_hold_back_the_last_word() -> None:
+    la = LocalAgreement()
+    la.update("one two three")
+    assert la.update("one two three") == Split(stable=("one", "two"), unstable=("three",))
+
+
+def test_disagreement_commits_nothing() -> None:
+    la = LocalAgreement()
+    la.update("the cat sat")
+    assert la.update("a dog ran off") == Split(stable=(), unstable=("a", "dog", "ran", "off"))
+    assert la.committed == ()
+
+
+def test_agreement_stops_at_the_first_difference() -> None:
+    la = LocalAgreement()
+    la.update("we will go home now")
+    split = la.update("we will stay home now please")
+    assert split.stable == ("we", "will")
+    assert split.unstable == ("stay", "home", "now", "please")
+
+
+def test_agreement_ignores_case_and_punctuation() -> None:
+    la = LocalAgreement()
+    la.update("Hello, world. How are")
+    split = la.update("hello World how are you")
+    assert [w.lower().strip(",.") for w in split.stable] == ["hello", "world", "how"]
+    assert len(split.stable) + len(split.unstable) == 5
+
+
+def test_committed_words_are_never_retracted() -> None:
+    la = LocalAgreement()
+    la.update("one two three")
+    la.update("one two three four")
+    assert la.committed == ("one", "two")
+    # A later hypothesis that revises committed words does not take them back ...
+    split = la.update("won too three four five")
+    assert split.stable == ("one", "two")
+    assert la.committed == ("one", "two")
+    # ... and does not commit beyond them while it disagrees with them.
+    split = la.update("won too three four five six")
+    assert la.committed == ("one", "two")
+    assert split.stable == ("one", "two")
+
+
+def test_empty_hypotheses() -> None:
+    la = LocalAgreement()
+    assert la.update("") == Split(stable=(), unstable=())
+    assert la.update("") == Split(stable=(), unstable=())
+    la.update("a b c")
+    la.update("a b c d")
+    assert la.update("").stable == ("a", "b")
+
+
+# -- property ---------------------------------------------------------------------------------
+
+_word = st.sampled_from(["a", "b", "c", "A", "b.", "c,", "d"])
+
+
+@st.composite
+def _hypotheses(draw: st.DrawFn) -> list[list[str]]:
+    """Hypotheses of one utterance: sometimes extending, sometimes revising the previous one."""
+    out: list[list[str]] = []
+    previous: list[str] = []
+    for _ in range(draw(st.integers(min_value=0, max_value=12))):
+        how = draw(st.sampled_from(["extend", "revise", "same", "fresh"]))
+        if how == "extend":
+            words = previous + draw(st.lists(_word, min_size=1, max_size=3))
+        elif how == "revise":
+            keep = draw(st.integers(min_value=0, max_value=len(previous)))
+            words = previous[:keep] + draw(st.lists(_word, max_size=4))
+        elif how == "same":
+            words = list(previous)
+        else:
+            words = draw(st.lists(_word, max_size=8))
+        out.append(words)
+        previous = words
+    return out
+
+
+def _norm(word: str) -> str:
+    return word.strip(".,").lower()
+
+
+@settings(max_examples=400, deadline=None)
+@given(hypotheses=_hypotheses())
+def test_committed_only_grows_and_stable_is_committed(hypotheses: list[list[str]]) -> None:
+    la = LocalAgreement()
+    committed: tuple[str, ...] = ()
+    previous: list[str] = []
+    for words in hypotheses:
+        split = la.update(" ".join(words))
+        now = la.committed
+        # Only grows: the earlier commitment is a prefix of the new one.
+        assert now[: len(committed)] == committed
+        # Stable is exactly what is committed so far.
+        assert split.stable == now
+        # Newly committed words agree with both of the two newest hypotheses, and the older
+        # one's last word is held back.
+        for i in range(len(committed), len(now)):
+            assert i < len(previous) - 1
+            assert _norm(now[i]) == _norm(previous[i]) == _norm(words[i])
+        # The unstable part is the rest of the newest hypothesis, when it keeps the commitment.
+        if [_norm(w) for w in words[: len(now)]] == [_norm(w) for w in now]:
+            assert split.unstable == tuple(words[len(now) :])
+        committed = now
+        previous = words

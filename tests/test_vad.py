@@ -1,0 +1,310 @@
+"""VadSegmenter: hysteresis, pre-roll, endpointing, flush, the utterance cap and the RMS floor.
+
+The first part scripts the per-frame VAD decision; the second runs the real webrtcvad on real
+speech from the shared corpus.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from captiond.audio import FRAME_SAMPLES, Framer, Samples
+from captiond.config import StreamConfig, VadConfig
+from captiond.vad import (
+    UtteranceEnd,
+    UtteranceStart,
+    VadEvent,
+    VadSegmenter,
+    rms_dbfs,
+    webrtc_vad,
+)
+from conftest import read_wav_int16
+
+PREROLL = 300 * 16  # samples
+WINDOW = 10  # frames in the 300 ms start window
+ENDPOINT = 16  # 500 ms // 30 ms
+
+
+class ScriptedVad:
+    """Answers `is_speech` from a script, one entry per call; False once the script runs out."""
+
+    def __init__(self, script: Iterable[bool]) -> None:
+        self._script = list(script)
+        self.calls = 0
+
+    def is_speech(self, buf: bytes, sample_rate: int) -> bool:
+        assert sample_rate == 16_000
+        assert len(buf) == 2 * FRAME_SAMPLES
+        self.calls += 1
+        return self._script.pop(0) if self._script else False
+
+
+class AlwaysVoiced:
+    """A VAD that calls everything speech: only the RMS floor stands in the way."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def is_speech(self, buf: bytes, sample_rate: int) -> bool:
+        self.calls += 1
+        return True
+
+
+def tone_frame(amplitude: float = 0.1) -> Samples:
+    """A 500 Hz tone: exactly 15 periods per frame, so every frame has the same level."""
+    t = np.arange(FRAME_SAMPLES) / 16_000
+    return (amplitude * np.sin(2 * np.pi * 500.0 * t)).astype(np.float32)
+
+
+def silent_frame() -> Samples:
+    return np.zeros(FRAME_SAMPLES, dtype=np.float32)
+
+
+def segmenter(vad: Any, **stream: Any) -> VadSegmenter:
+    return VadSegmenter(vad, VadConfig(), StreamConfig(**stream))
+
+
+def feed(seg: VadSegmenter, frames: Sequence[Samples]) -> list[tuple[int, VadEvent]]:
+    """Push frames; return (frame index, event) pairs."""
+    out: list[tuple[int, VadEvent]] = []
+    for i, frame in enumerate(frames):
+        out.extend((i, event) for event in seg.push(frame))
+    return out
+
+
+def test_tone_is_above_the_floor_and_silence_below() -> None:
+    assert rms_dbfs(tone_frame()) > VadConfig().rms_floor_dbfs + 20
+    assert rms_dbfs(silent_frame()) < VadConfig().rms_floor_dbfs
+
+
+# -- start ------------------------------------------------------------------------------------
+
+
+def test_start_needs_nine_of_ten_voiced_frames_and_includes_preroll() -> None:
+    script = [False] * 20 + [True] * 12
+    seg = segmenter(ScriptedVad(script))
+    events = feed(seg, [tone_frame()] * len(script))
+    # Frames 20..28 are the first nine voiced ones: the start fires at frame 28, whose window
+    # began at frame 19; the utterance starts 300 ms before that.
+    assert events == [(28, UtteranceStart(start_sample=19 * FRAME_SAMPLES - PREROLL))]
+    assert seg.in_utterance
+    assert seg.utterance_start_sample == 19 * FRAME_SAMPLES - PREROLL
+
+
+def test_eight_of_ten_voiced_never_starts() -> None:
+    script = ([True] * 8 + [False] * 2) * 10
+    seg = segmenter(ScriptedVad(script))
+    assert feed(seg, [tone_frame()] * len(script)) == []
+    assert not seg.in_utterance
+
+
+def test_start_at_stream_begin_is_clamped_to_zero() -> None:
+    seg = segmenter(ScriptedVad([True] * 9))
+    events = feed(seg, [tone_frame()] * 9)
+    assert events == [(8, UtteranceStart(start_sample=0))]
+
+
+def test_start_never_before_the_previous_end() -> None:
+    script = [True] * 9 + [False] * ENDPOINT + [True] * 9
+    seg = segmenter(ScriptedVad(script))
+    events = feed(seg, [tone_frame()] * len(script))
+    first_end = (9 + ENDPOINT) * FRAME_SAMPLES
+    assert events == [
+        (8, UtteranceStart(start_sample=0)),
+        (8 + ENDPOINT, UtteranceEnd(end_sample=first_end)),
+        # The window + pre-roll would reach back before the first utterance's end.
+        (8 + ENDPOINT + 9, UtteranceStart(start_sample=first_end)),
+    ]
+
+
+# -- end --------------------------------------------------------------------------------------
+
+
+def test_end_after_endpoint_silence() -> None:
+    script = [True] * 30 + [False] * (ENDPOINT - 1) + [True] * 5 + [False] * ENDPOINT
+    seg = segmenter(ScriptedVad(script))
+    events = feed(seg, [tone_frame()] * len(script))
+    # The first run of 15 unvoiced frames is one short of the endpoint; the second ends it.
+    assert events == [
+        (8, UtteranceStart(start_sample=0)),
+        (len(script) - 1, UtteranceEnd(end_sample=len(script) * FRAME_SAMPLES)),
+    ]
+    assert not seg.in_utterance
+
+
+def test_end_by_digital_silence() -> None:
+    seg = segmenter(AlwaysVoiced())
+    frames = [tone_frame()] * 20 + [silent_frame()] * ENDPOINT
+    events = feed(seg, frames)
+    assert events == [
+        (8, UtteranceStart(start_sample=0)),
+        (35, UtteranceEnd(end_sample=36 * FRAME_SAMPLES)),
+    ]
+
+
+def test_flush_closes_an_open_utterance() -> None:
+    seg = segmenter(ScriptedVad([True] * 20))
+    feed(seg, [tone_frame()] * 20)
+    assert seg.in_utterance
+    end = 20 * FRAME_SAMPLES + 100
+    assert list(seg.flush(end)) == [UtteranceEnd(end_sample=end)]
+    assert not seg.in_utterance
+    assert list(seg.flush(end + 1000)) == []
+
+
+def test_flush_without_utterance_does_nothing() -> None:
+    seg = segmenter(ScriptedVad([]))
+    feed(seg, [tone_frame()] * 5)
+    assert list(seg.flush(5 * FRAME_SAMPLES)) == []
+
+
+def test_after_flush_a_new_start_needs_a_full_window_again() -> None:
+    seg = segmenter(AlwaysVoiced())
+    feed(seg, [tone_frame()] * 12)
+    flush_end = 12 * FRAME_SAMPLES
+    assert list(seg.flush(flush_end)) == [UtteranceEnd(end_sample=flush_end)]
+    events = [e for frame in [tone_frame()] * 9 for e in seg.push(frame)]
+    assert events == [UtteranceStart(start_sample=flush_end)]
+
+
+# -- cap --------------------------------------------------------------------------------------
+
+
+def test_cap_cuts_at_the_quietest_recent_frame_and_reopens() -> None:
+    # Cap 3 s (100 frames), cut search 1 s (33 frames). Speech from frame 0, so the utterance
+    # starts at 0 and reaches the cap at frame 99; the search covers frames 67..99.
+    n = 200
+    frames = [tone_frame()] * n
+    frames[30] = tone_frame(0.005)  # quietest overall, but outside the search window
+    frames[80] = tone_frame(0.02)  # quietest inside it
+    seg = segmenter(AlwaysVoiced(), max_utterance_s=3.0, cut_search_s=1.0)
+    events = feed(seg, frames[:100])
+    cut = 80 * FRAME_SAMPLES + FRAME_SAMPLES // 2
+    assert events == [
+        (8, UtteranceStart(start_sample=0)),
+        (99, UtteranceEnd(end_sample=cut)),
+        (99, UtteranceStart(start_sample=cut)),
+    ]
+    assert seg.utterance_start_sample == cut
+    # The reopened utterance is capped again 3 s after the cut, at a frame after the cut.
+    more = feed(seg, frames[100:])
+    assert [type(e) for _, e in more] == [UtteranceEnd, UtteranceStart]
+    (i, end), (j, start) = more
+    assert i == j
+    assert isinstance(end, UtteranceEnd) and isinstance(start, UtteranceStart)
+    assert end.end_sample == start.start_sample
+    assert cut < end.end_sample <= (100 + i + 1) * FRAME_SAMPLES
+    assert (100 + i + 1) * FRAME_SAMPLES - cut >= 3 * 16_000
+
+
+def test_every_capped_utterance_fits_the_cap() -> None:
+    seg = segmenter(AlwaysVoiced(), max_utterance_s=2.0, cut_search_s=0.5)
+    rng = np.random.default_rng(0)
+    frames = [tone_frame(float(a)) for a in rng.uniform(0.02, 0.2, size=400)]
+    events = [e for _, e in feed(seg, frames)]
+    events += list(seg.flush(400 * FRAME_SAMPLES))
+    starts = [e.start_sample for e in events if isinstance(e, UtteranceStart)]
+    ends = [e.end_sample for e in events if isinstance(e, UtteranceEnd)]
+    assert len(starts) == len(ends) > 3
+    for s, e in zip(starts, ends, strict=True):
+        assert 0 < e - s <= 2 * 16_000
+    # Consecutive: each cut reopens exactly where the previous one ended.
+    assert starts[1:] == ends[:-1]
+
+
+# -- RMS floor --------------------------------------------------------------------------------
+
+
+def test_digital_silence_never_starts_even_if_the_vad_says_voiced() -> None:
+    vad = AlwaysVoiced()
+    seg = segmenter(vad)
+    assert feed(seg, [silent_frame()] * 100) == []
+    assert list(seg.flush(100 * FRAME_SAMPLES)) == []
+    assert vad.calls == 0  # the floor decides before the VAD is asked
+
+
+def test_hiss_below_the_floor_never_starts() -> None:
+    rng = np.random.default_rng(1)
+    quiet = [(1e-4 * rng.standard_normal(FRAME_SAMPLES)).astype(np.float32) for _ in range(50)]
+    assert all(rms_dbfs(f) < VadConfig().rms_floor_dbfs for f in quiet)
+    assert feed(segmenter(AlwaysVoiced()), quiet) == []
+
+
+def test_rms_dbfs_values() -> None:
+    assert rms_dbfs(silent_frame()) == -200.0
+    full = np.ones(FRAME_SAMPLES, dtype=np.float32)
+    assert rms_dbfs(full) == pytest.approx(0.0)
+    assert rms_dbfs(0.1 * full) == pytest.approx(-20.0)
+
+
+# -- real webrtcvad on real speech -------------------------------------------------------------
+
+
+def _clip(speech_dir: Path, manifest: list[dict[str, Any]], clip_id: str) -> Samples:
+    entry = next((e for e in manifest if e["id"] == clip_id), None)
+    if entry is None:
+        pytest.skip(f"clip {clip_id!r} not in the speech manifest")
+    samples: Samples = read_wav_int16(speech_dir / entry["file"]).astype(np.float32) / 32768.0
+    return samples
+
+
+def _segment(samples: Samples) -> list[tuple[int, int]]:
+    seg = VadSegmenter(webrtc_vad(3), VadConfig(), StreamConfig())
+    events: list[VadEvent] = []
+    framer = Framer()
+    for frame in framer.push(samples):
+        events.extend(seg.push(frame))
+    events.extend(seg.flush(len(samples)))
+    spans: list[tuple[int, int]] = []
+    start: int | None = None
+    for event in events:
+        if isinstance(event, UtteranceStart):
+            assert start is None
+            start = event.start_sample
+        else:
+            assert start is not None
+            spans.append((start, event.end_sample))
+            start = None
+    assert start is None
+    return spans
+
+
+def test_webrtcvad_finds_the_speech_of_an_utterance(
+    speech_dir: Path, speech_manifest: list[dict[str, Any]]
+) -> None:
+    speech = _clip(speech_dir, speech_manifest, "ljspeech_LJ001-0001")
+    lead, tail = 16_000, 24_000
+    samples = np.concatenate(
+        [np.zeros(lead, np.float32), speech, np.zeros(tail, np.float32)]
+    )
+    spans = _segment(samples)
+    assert len(spans) >= 1
+    covered = np.zeros(len(samples), dtype=bool)
+    for s, e in spans:
+        assert 0 <= s < e <= len(samples)
+        covered[s:e] = True
+    # Frames with real sound in them (well above the floor) are mostly inside utterances.
+    loud = [
+        i
+        for i in range(0, len(samples) - FRAME_SAMPLES + 1, FRAME_SAMPLES)
+        if rms_dbfs(samples[i : i + FRAME_SAMPLES]) > -40.0
+    ]
+    assert len(loud) > 100
+    inside = sum(covered[i : i + FRAME_SAMPLES].all() for i in loud)
+    assert inside >= 0.9 * len(loud)
+    # Leading and trailing digital silence are mostly left out (pre-roll and endpoint aside).
+    assert spans[0][0] >= lead - 2 * PREROLL
+    assert spans[-1][1] <= len(samples) - tail // 2
+
+
+def test_webrtcvad_ignores_digital_silence(
+    speech_dir: Path, speech_manifest: list[dict[str, Any]]
+) -> None:
+    samples = _clip(speech_dir, speech_manifest, "silence_digital_30s")
+    assert len(samples) >= 16_000
+    assert _segment(samples) == []
