@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -94,7 +96,7 @@ def test_framer_any_split_gives_the_frames_of_the_concatenation(
     bounds = [0, *sorted(c for c in cuts if c <= total), total]
     framer = Framer()
     frames: list[Samples] = []
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
+    for lo, hi in itertools.pairwise(bounds):
         frames.extend(f.copy() for f in framer.push(data[lo:hi]))
     whole = total // FRAME_SAMPLES
     assert len(frames) == whole

@@ -208,9 +208,7 @@ def test_dump_toml_round_trips_changed_values(tmp_path: Path) -> None:
     assert load_config(_write(tmp_path, dump_toml(config))) == config
 
 
-_printable_text = st.text(
-    alphabet=st.characters(blacklist_categories=("Cc", "Cs")), max_size=20
-)
+_printable_text = st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs")), max_size=20)
 
 
 def _section_strategy(cls: type[Any]) -> st.SearchStrategy[Any]:

@@ -65,7 +65,9 @@ def test_streaming_wer_matches_offline(
     assert len(clips) >= 11
     audio = {m["id"]: read_wav_int16(speech_dir / m["file"]) for m in clips}
     offline = {
-        m["id"]: transcribe_samples(audio[m["id"]].astype(np.float32) / 32768, engine, engine_config)
+        m["id"]: transcribe_samples(
+            audio[m["id"]].astype(np.float32) / 32768, engine, engine_config
+        )
         for m in clips
     }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -379,9 +380,7 @@ def test_dropped_only_decode_leaves_no_trace(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(HALLUCINATIONS))
 def test_dropped_final_after_a_partial_is_an_empty_final(name: str) -> None:
-    driver = Driver(
-        scripted({DecodeKind.PARTIAL: GOOD, DecodeKind.FINAL: HALLUCINATIONS[name]})
-    )
+    driver = Driver(scripted({DecodeKind.PARTIAL: GOOD, DecodeKind.FINAL: HALLUCINATIONS[name]}))
     one_short_utterance(driver)
     partials = driver.of(Partial)
     assert partials and partials[0].segment == 0
@@ -393,9 +392,7 @@ def test_dropped_final_after_a_partial_is_an_empty_final(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(HALLUCINATIONS))
 def test_dropped_partial_is_not_shown(name: str) -> None:
-    driver = Driver(
-        scripted({DecodeKind.PARTIAL: HALLUCINATIONS[name], DecodeKind.FINAL: GOOD})
-    )
+    driver = Driver(scripted({DecodeKind.PARTIAL: HALLUCINATIONS[name], DecodeKind.FINAL: GOOD}))
     one_short_utterance(driver)
     assert any(r.kind is DecodeKind.PARTIAL for r in driver.requests)
     assert not driver.of(Partial)
@@ -420,7 +417,9 @@ def test_plausible_finals_are_kept(result: EngineResult) -> None:
 
 
 def test_final_text_is_stripped() -> None:
-    driver = Driver(scripted({DecodeKind.FINAL: EngineResult(text="  hi there \n")}), partials=False)
+    driver = Driver(
+        scripted({DecodeKind.FINAL: EngineResult(text="  hi there \n")}), partials=False
+    )
     one_short_utterance(driver)
     assert [f.text for f in driver.of(Final)] == ["hi there"]
 
@@ -502,6 +501,33 @@ def test_prompt_is_the_tail_of_the_finals() -> None:
     assert all(w in words for w in prompt.split()), "the tail starts at a word boundary"
 
 
+@pytest.mark.parametrize(
+    ("history", "prompt_chars"),
+    [
+        (["the quick brown fox", "jumps over"], 12),
+        (["hello", "wonderful"], 8),
+    ],
+)
+def test_prompt_never_starts_with_a_cut_word(history: list[str], prompt_chars: int) -> None:
+    texts = iter([*history, "last"])
+
+    def decode(request: EngineRequest) -> EngineResult:
+        return EngineResult(text=next(texts))
+
+    stream = StreamConfig(prompt_chars=prompt_chars)
+    driver = Driver(decode, partials=False, stream=stream)
+    for _ in range(len(history) + 1):
+        driver.send(np.concatenate([silence(0.5), tone(1.0), silence(1.0)]))
+    driver.control(Control.END)
+    prompt = driver.requests[-1].engine_request.prompt
+    joined = " ".join(history)
+    assert len(prompt) <= prompt_chars
+    assert joined.endswith(prompt)
+    # "A cut word would be a wrong word in the prompt" (session.py): only whole words.
+    whole_words = joined.split()
+    assert all(w in whole_words for w in prompt.split()), f"cut word in prompt {prompt!r}"
+
+
 def test_no_prompt_when_disabled() -> None:
     driver = Driver(stream=StreamConfig(prompt_chars=0))
     two_utterances(driver)
@@ -541,7 +567,7 @@ def test_long_speech_is_cut_into_capped_segments() -> None:
     assert [f.segment for f in finals] == list(range(len(finals)))
     for f in finals:
         assert f.end_ms - f.start_ms <= 3000
-    for a, b in zip(finals, finals[1:], strict=False):
+    for a, b in itertools.pairwise(finals):
         assert b.start_ms >= a.end_ms - 1
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import read_wav_int16
 
 from captiond.audio import FRAME_SAMPLES, Framer, Samples
 from captiond.config import StreamConfig, VadConfig
@@ -23,7 +24,6 @@ from captiond.vad import (
     rms_dbfs,
     webrtc_vad,
 )
-from conftest import read_wav_int16
 
 PREROLL = 300 * 16  # samples
 WINDOW = 10  # frames in the 300 ms start window
@@ -193,7 +193,7 @@ def test_cap_cuts_at_the_quietest_recent_frame_and_reopens() -> None:
     assert seg.utterance_start_sample == cut
     # The reopened utterance is capped again 3 s after the cut, at a frame after the cut.
     more = feed(seg, frames[100:])
-    assert [type(e) for _, e in more] == [UtteranceEnd, UtteranceStart]
+    assert len(more) == 2
     (i, end), (j, start) = more
     assert i == j
     assert isinstance(end, UtteranceEnd) and isinstance(start, UtteranceStart)
@@ -279,9 +279,7 @@ def test_webrtcvad_finds_the_speech_of_an_utterance(
 ) -> None:
     speech = _clip(speech_dir, speech_manifest, "ljspeech_LJ001-0001")
     lead, tail = 16_000, 24_000
-    samples = np.concatenate(
-        [np.zeros(lead, np.float32), speech, np.zeros(tail, np.float32)]
-    )
+    samples = np.concatenate([np.zeros(lead, np.float32), speech, np.zeros(tail, np.float32)])
     spans = _segment(samples)
     assert len(spans) >= 1
     covered = np.zeros(len(samples), dtype=bool)

@@ -168,7 +168,12 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        # TOML basic strings forbid raw control characters: escape them as \uXXXX.
+        escaped = "".join(
+            f"\\u{ord(ch):04x}" if ord(ch) < 0x20 or ord(ch) == 0x7F else ch
+            for ch in value.replace("\\", "\\\\").replace('"', '\\"')
+        )
+        return f'"{escaped}"'
     return repr(value)
 
 

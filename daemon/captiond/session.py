@@ -210,11 +210,15 @@ class StreamSession:
         return since >= self._partial_interval_samples
 
     def _prompt(self) -> str:
-        if self._stream.prompt_chars <= 0:
-            return ""
-        text = " ".join(self._finals_text)[-self._stream.prompt_chars :]
+        text = " ".join(self._finals_text)
+        limit = self._stream.prompt_chars
+        if len(text) <= limit:
+            return text
+        tail = text[len(text) - limit :]
+        if text[len(text) - limit - 1] == " ":
+            return tail
         # Start at a word boundary: a cut word would be a wrong word in the prompt.
-        return text.split(" ", 1)[-1] if len(text) == self._stream.prompt_chars else text
+        return tail.split(" ", 1)[1] if " " in tail else ""
 
     def _request(self, utt: _Utterance, kind: DecodeKind, end: int, beam: int) -> DecodeRequest:
         return DecodeRequest(

@@ -1,0 +1,182 @@
+"""The commands a user runs: `captiond serve`, `captiond transcribe`, `captiond-client stream`.
+
+Real processes, the real model on real speech, a real port.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CAPTIOND = [sys.executable, "-m", "captiond.cli"]
+CLIENT = [sys.executable, "-m", "captiond_client.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def daemon_url() -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [*CAPTIOND, "serve", "--port", str(port), "--engine", "faster-whisper", "--device", "cpu"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 120
+    log = []
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        log.append(line)
+        if "ready: ws://" in line or proc.poll() is not None:
+            break
+    assert "ready: ws://" in log[-1], "".join(log)
+    yield f"ws://127.0.0.1:{port}/v1/stream"
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0
+
+
+def clip(manifest: list[dict[str, Any]], clip_id: str) -> dict[str, Any]:
+    return next(m for m in manifest if m["id"] == clip_id)
+
+
+@pytest.mark.model
+def test_client_streams_a_file_and_shows_growing_partials(
+    daemon_url: str, speech_dir: Path, speech_manifest: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    m = clip(speech_manifest, "ljspeech_LJ001-0001")
+    out = tmp_path / "t.vtt"
+    run = subprocess.run(
+        [
+            *CLIENT,
+            "stream",
+            str(speech_dir / m["file"]),
+            "--url",
+            daemon_url,
+            "--speed",
+            "2",
+            "--json",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    messages = [json.loads(line) for line in run.stdout.splitlines()]
+    kinds = [msg["type"] for msg in messages]
+    assert kinds[0] == "ready" and kinds[-1] == "done"
+    partials = [msg for msg in messages if msg["type"] == "partial"]
+    assert len(partials) >= 3, kinds
+    lengths = [len((p["stable"] + " " + p["unstable"]).split()) for p in partials]
+    assert lengths[-1] > lengths[0], "partials did not grow"
+    finals = [msg for msg in messages if msg["type"] == "final" and msg["text"]]
+    assert "printing" in finals[0]["text"].lower()
+    vtt = out.read_text()
+    assert vtt.startswith("WEBVTT") and "-->" in vtt and "rinting" in vtt
+
+
+@pytest.mark.model
+def test_client_plain_output_and_resampling(
+    daemon_url: str, speech_dir: Path, speech_manifest: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """A 44.1 kHz stereo file is converted by the client; finals print one per line."""
+    m = clip(speech_manifest, "jfk_inaugural_1961")
+    stereo = tmp_path / "stereo.wav"
+    import wave
+
+    import numpy as np
+    import soxr
+    from conftest import read_wav_int16
+
+    mono = read_wav_int16(speech_dir / m["file"]).astype(np.float32) / 32768
+    up = soxr.resample(mono, 16000, 44100)
+    with wave.open(str(stereo), "wb") as wf:
+        wf.setnchannels(2)
+        wf.setsampwidth(2)
+        wf.setframerate(44100)
+        wf.writeframes((np.repeat(up[:, None], 2, axis=1) * 32767).astype("<i2").tobytes())
+    out = tmp_path / "t.txt"
+    run = subprocess.run(
+        [*CLIENT, "stream", str(stereo), "--url", daemon_url, "--speed", "0", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    lines = [line for line in run.stdout.splitlines() if line]
+    assert lines and all(line.startswith("[00:") for line in lines)
+    assert "country" in out.read_text().lower()
+
+
+def test_client_reports_a_missing_daemon(tmp_path: Path) -> None:
+    wav = tmp_path / "x.wav"
+    import wave
+
+    with wave.open(str(wav), "wb") as wf:
+        wf.setnchannels(1)
+        wf.setsampwidth(2)
+        wf.setframerate(16000)
+        wf.writeframes(b"\x00\x00" * 1600)
+    run = subprocess.run(
+        [*CLIENT, "stream", str(wav), "--url", f"ws://127.0.0.1:{free_port()}/v1/stream"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode != 0 and "captiond-client:" in run.stderr
+
+
+@pytest.mark.model
+def test_transcribe_json(speech_dir: Path, speech_manifest: list[dict[str, Any]]) -> None:
+    m = clip(speech_manifest, "jfk_inaugural_1961")
+    run = subprocess.run(
+        [*CAPTIOND, "transcribe", str(speech_dir / m["file"]), "--json", "--beam", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    out = json.loads(run.stdout)
+    assert "what you can do for your country" in out["text"].lower()
+    assert out["segments"] and {"start_ms", "end_ms", "text"} <= set(out["segments"][0])
+
+
+def test_print_config_and_config_errors(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[server]\nport = 9999\n[stream]\npartial_interval_ms = 700\n")
+    run = subprocess.run(
+        [*CAPTIOND, "serve", "--config", str(cfg), "--host", "0.0.0.0", "--print-config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert 'host = "0.0.0.0"' in run.stdout and "port = 9999" in run.stdout
+    assert "partial_interval_ms = 700" in run.stdout
+    cfg.write_text("[server]\nprot = 1\n")
+    bad = subprocess.run(
+        [*CAPTIOND, "serve", "--config", str(cfg)], capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == 2 and "prot" in bad.stderr
+    missing = subprocess.run(
+        [*CAPTIOND, "transcribe", "x.wav", "--model", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode != 0
