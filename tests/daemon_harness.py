@@ -18,6 +18,7 @@ from captiond.engines import Engine
 from captiond.engines.fake import FakeEngine
 from captiond.scheduler import InferenceScheduler
 from captiond.server import Daemon
+from captiond.sources import AudioInput, microphone
 from captiond.vad import Vad, rms_dbfs
 
 RATE = 16_000
@@ -56,11 +57,12 @@ async def running_daemon(
     config: Config | None = None,
     engine: Engine | None = None,
     vad_factory: Callable[[], Vad] | None = LoudnessVad,
+    audio_input: AudioInput = microphone,
 ) -> AsyncIterator[Daemon]:
     config = config or make_config()
     scheduler = InferenceScheduler(engine or FakeEngine(), config.scheduler)
     scheduler.start()
-    daemon = Daemon(config, scheduler, vad_factory=vad_factory)
+    daemon = Daemon(config, scheduler, vad_factory=vad_factory, audio_input=audio_input)
     await daemon.start()
     try:
         yield daemon

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
+import shutil
 import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from captiond.config import Config, dump_toml, load_config, override
+from captiond.config import Config, config_from_mapping, dump_toml, load_config, override
 from captiond.engines import ENGINE_NAMES, Engine, load_engine
-from captiond.errors import CaptiondError
+from captiond.errors import CaptiondError, ConfigError
 
 log = logging.getLogger("captiond")
 
@@ -68,8 +70,31 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--max-sessions", type=int, help="concurrent stream limit (default 64)")
     p.add_argument("--tls-cert", help="PEM certificate: serve wss:// and https://")
     p.add_argument("--tls-key", help="PEM private key for --tls-cert")
+    p.add_argument(
+        "--source",
+        action="append",
+        default=[],
+        metavar="NAME[=DEVICE]",
+        help="caption a microphone for viewers of /v1/captions?source=NAME (repeatable; "
+        "DEVICE: index or name from `captiond devices`, default the system's input)",
+    )
     p.add_argument("--print-config", action="store_true", help="print the effective config")
     p.set_defaults(func=_serve)
+
+
+def _with_sources(config: Config, specs: list[str]) -> Config:
+    """`--source NAME[=DEVICE]` options appended to the config's [[sources]]."""
+    if not specs:
+        return config
+    tables: list[dict[str, object]] = [
+        {k: v for k, v in dataclasses.asdict(s).items() if v is not None} for s in config.sources
+    ]
+    for spec in specs:
+        name, _, device = spec.partition("=")
+        tables.append(
+            {"name": name, "device": int(device) if device.isdigit() else device or "default"}
+        )
+    return config_from_mapping({"sources": tables}, base=config)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -82,32 +107,88 @@ def _serve(args: argparse.Namespace) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
     )
+    config = _with_sources(config, args.source)
     if args.print_config:
         print(dump_toml(config), end="")
         return 0
     from captiond.scheduler import InferenceScheduler
     from captiond.server import Daemon, run_daemon
+    from captiond.systemd import Notifier, supervise
 
     scheduler = InferenceScheduler(_load_warm_engine(config), config.scheduler)
     scheduler.start()
+    notifier = Notifier()
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        supervisor: list[asyncio.Task[None]] = []
 
         async def ready(daemon: Daemon) -> None:
             log.info("ready: ws://%s:%d/v1/stream", config.server.host, daemon.port)
+            supervisor.append(asyncio.create_task(supervise(daemon, notifier, stop)))
 
         await run_daemon(config, scheduler, on_ready=ready, stop=stop)
+        await asyncio.gather(*supervisor)
         log.info("stopped")
 
     try:
         asyncio.run(main())
     finally:
+        notifier.close()
         scheduler.stop()
         scheduler.engine.close()
+    return 0
+
+
+# -- devices, install-service ----------------------------------------------------------------
+
+
+def _add_service_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("devices", help="list the audio input devices a source can use")
+    p.set_defaults(func=_devices)
+    p = sub.add_parser("install-service", help="write the systemd unit and an example config")
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument("--user", action="store_true", help="a user unit (desktop session mic)")
+    kind.add_argument("--template", action="store_true", help="captiond@GPU.service, one per GPU")
+    p.add_argument("--exec", dest="exec_path", help="path of captiond (default: this one)")
+    p.add_argument("--print", action="store_true", help="print the unit and config, write nothing")
+    p.set_defaults(func=_install_service)
+
+
+def _devices(args: argparse.Namespace) -> int:
+    from captiond_client.mic import DeviceError, input_devices
+
+    try:
+        devices = input_devices()
+    except DeviceError as exc:
+        raise ConfigError(str(exc)) from exc
+    print(f"{'index':>5}  {'channels':>8}  {'rate_hz':>7}  name")
+    for d in devices:
+        print(f"{d.index:>5}  {d.channels:>8}  {d.default_rate_hz:>7}  {d.name}")
+    return 0
+
+
+def _install_service(args: argparse.Namespace) -> int:
+    from captiond.systemd import DEFAULT_EXEC, EXAMPLE_CONFIG, plan_install, write_install
+
+    kind = "user" if args.user else "template" if args.template else "system"
+    exec_path = args.exec_path or shutil.which("captiond") or DEFAULT_EXEC
+    install = plan_install(kind, str(Path(exec_path).resolve()))
+    if args.print:
+        print(
+            f"# {install.unit_path}\n{install.unit_text}\n# {install.config_path}\n{EXAMPLE_CONFIG}"
+        )
+        return 0
+    try:
+        print("\n".join(write_install(install)))
+    except OSError as exc:
+        raise ConfigError(f"cannot write {exc.filename}: {exc.strerror} (root needed?)") from exc
+    scope = "--user " if kind == "user" else ""
+    unit = "captiond@0" if kind == "template" else "captiond"
+    print(f"then: systemctl {scope}daemon-reload && systemctl {scope}enable --now {unit}")
     return 0
 
 
@@ -162,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
     _add_transcribe(sub)
+    _add_service_commands(sub)
     from captiond.bench import add_bench_parser
 
     add_bench_parser(sub)

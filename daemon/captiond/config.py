@@ -75,12 +75,28 @@ class EngineConfig:
     # auto: int8 for faster-whisper on cpu, float16 on cuda (torch_graph: float32 on cpu).
     compute_type: str = "auto"
     cpu_threads: int = 0
+    # faster-whisper: partial decodes encode a window this long or longer (their audio plus
+    # 2 s, in 5 s steps) instead of the padded 30 s; finals always use 30 s. 0: always 30 s.
+    partial_window_min_s: float = 10.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AuthConfig:
     # Empty: no authentication. Otherwise clients pass ?token=… or `Authorization: Bearer …`.
     token: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SourceConfig:
+    """One daemon-captured microphone, a `[[sources]]` table; watched at /v1/captions?source=."""
+
+    name: str = "mic"
+    # PortAudio input device: "default", an index, or (part of) its name (`captiond devices`).
+    device: str | int = "default"
+    # Input channel to caption (0-based); absent: the mean of the device's first two channels.
+    channel: int | None = None
+    # Finals a viewer that joins late receives first.
+    backlog_finals: int = 50
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,20 +107,23 @@ class Config:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    # An array of tables (`[[sources]]`), not a section.
+    sources: tuple[SourceConfig, ...] = ()
 
 
 def _section_types() -> dict[str, type[Any]]:
     hints = get_type_hints(Config)
-    return {f.name: hints[f.name] for f in dataclasses.fields(Config)}
+    return {f.name: hints[f.name] for f in dataclasses.fields(Config) if f.name != "sources"}
 
 
 def _check_value(where: str, value: Any, expected: type[Any]) -> Any:
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if expected is int and isinstance(value, bool):
+    if expected is not bool and isinstance(value, bool):
         raise ConfigError(f"{where}: expected an integer, got {value!r}")
     if not isinstance(value, expected):
-        raise ConfigError(f"{where}: expected {expected.__name__}, got {value!r}")
+        name = getattr(expected, "__name__", str(expected))
+        raise ConfigError(f"{where}: expected {name}, got {value!r}")
     return value
 
 
@@ -122,17 +141,38 @@ def _build_section(name: str, cls: type[Any], table: Any, base: Any) -> Any:
     return dataclasses.replace(base, **values)
 
 
+def _build_sources(tables: Any) -> tuple[SourceConfig, ...]:
+    if not isinstance(tables, list):
+        raise ConfigError("sources must be an array of tables: write each one as [[sources]]")
+    sources = tuple(
+        _build_section(f"sources #{i + 1}", SourceConfig, table, SourceConfig())
+        for i, table in enumerate(tables)
+    )
+    names = [s.name for s in sources]
+    for source in sources:
+        if not source.name or not all(ch.isalnum() or ch in "-_." for ch in source.name):
+            raise ConfigError(f"[[sources]] name {source.name!r}: use letters, digits, - _ .")
+        if names.count(source.name) > 1:
+            raise ConfigError(f"[[sources]] name {source.name!r} is used twice")
+        if source.backlog_finals < 0 or (source.channel is not None and source.channel < 0):
+            raise ConfigError(f"[[sources]] {source.name}: backlog_finals and channel are >= 0")
+    return sources
+
+
 def config_from_mapping(data: dict[str, Any], base: Config | None = None) -> Config:
-    """Overlay a parsed TOML document on `base` (defaults when None)."""
+    """Overlay a parsed TOML document on `base` (defaults when None); `sources` replaces."""
     base = base or Config()
     sections = _section_types()
-    unknown = sorted(set(data) - set(sections))
+    unknown = sorted(set(data) - set(sections) - {"sources"})
     if unknown:
-        raise ConfigError(
-            f"unknown section(s): {', '.join(unknown)} (known: {', '.join(sorted(sections))})"
+        known = ", ".join(sorted([*sections, "sources"]))
+        raise ConfigError(f"unknown section(s): {', '.join(unknown)} (known: {known})")
+    updates: dict[str, Any] = {
+        name: (
+            _build_sources(table)
+            if name == "sources"
+            else _build_section(name, sections[name], table, getattr(base, name))
         )
-    updates = {
-        name: _build_section(name, sections[name], table, getattr(base, name))
         for name, table in data.items()
     }
     return dataclasses.replace(base, **updates)
@@ -180,11 +220,18 @@ def _toml_value(value: Any) -> str:
 def dump_toml(config: Config) -> str:
     """The effective configuration as a TOML document that `load_config` reads back."""
     lines: list[str] = []
-    for section in dataclasses.fields(Config):
-        lines.append(f"[{section.name}]")
-        values = getattr(config, section.name)
+    tables = [
+        (f"[{f.name}]", getattr(config, f.name))
+        for f in dataclasses.fields(Config)
+        if f.name != "sources"
+    ]
+    tables += [("[[sources]]", source) for source in config.sources]
+    for header, values in tables:
+        lines.append(header)
         lines += [
-            f"{f.name} = {_toml_value(getattr(values, f.name))}" for f in dataclasses.fields(values)
+            f"{f.name} = {_toml_value(getattr(values, f.name))}"
+            for f in dataclasses.fields(values)
+            if getattr(values, f.name) is not None  # TOML has no null: absent means None
         ]
         lines.append("")
     return "\n".join(lines)

@@ -147,3 +147,13 @@ class Error(ServerMessage):
     TYPE: ClassVar[str] = "error"
     code: str
     message: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SourceStatus(ServerMessage):
+    """A daemon-captured source's state, sent to its viewers on join and on every change."""
+
+    TYPE: ClassVar[str] = "source"
+    name: str
+    state: str  # "capturing" | "waiting_for_device" | "stopped"
+    message: str

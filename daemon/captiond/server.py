@@ -41,7 +41,9 @@ from captiond.errors import (
 from captiond.protocol import Control, Error, Ready, parse_control, parse_stream_params
 from captiond.scheduler import InferenceScheduler
 from captiond.session import SessionState, StreamSession
+from captiond.sources import AudioInput, daemon_sources, microphone
 from captiond.vad import Vad, webrtc_vad
+from captiond.web import static_response
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +87,12 @@ class Daemon:
         config: Config,
         scheduler: InferenceScheduler,
         vad_factory: Callable[[], Vad] | None = None,
+        audio_input: AudioInput = microphone,
     ) -> None:
         self.config = config
         self.scheduler = scheduler
         self._vad_factory = vad_factory or (lambda: webrtc_vad(config.vad.aggressiveness))
+        self.sources = daemon_sources(config, scheduler, self._vad_factory, audio_input)
         self._live: dict[str, _Live] = {}
         self._server: Server | None = None
         self.sessions_total = 0
@@ -116,6 +120,8 @@ class Daemon:
             server_header="captiond",
         )
         log.info("listening on %s:%d", cfg.host, self.port)
+        for source in self.sources.values():
+            source.start()
 
     def _ssl_context(self) -> ssl.SSLContext | None:
         cfg = self.config.server
@@ -137,6 +143,7 @@ class Daemon:
             live.wake.set()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
+                await asyncio.gather(*(source.stop() for source in self.sources.values()))
                 while self._live:
                     await asyncio.sleep(0.05)
         self._server.close(close_connections=True)
@@ -154,7 +161,9 @@ class Daemon:
                     http.HTTPStatus.UPGRADE_REQUIRED, f"{path} is a websocket endpoint\n"
                 )
             return None
-        return connection.respond(http.HTTPStatus.NOT_FOUND, "not found\n")
+        return static_response(path, request.headers) or connection.respond(
+            http.HTTPStatus.NOT_FOUND, "not found\n"
+        )
 
     # -- websocket side ----------------------------------------------------------------------
 
@@ -165,7 +174,8 @@ class Daemon:
         try:
             self._authorize(query, conn.request.headers)
             if url.path == "/v1/captions":
-                raise SourceNotFoundError(f"no daemon-side source named {query.get('source')!r}")
+                await self._watch(conn, query.get("source", ""))
+                return
             await self._stream(conn, query)
         except SessionError as exc:
             await self._fail(conn, exc)
@@ -185,6 +195,18 @@ class Daemon:
         with contextlib.suppress(ConnectionClosed):
             await conn.send(Error(code=exc.code, message=str(exc)).to_json())
             await conn.close(code, exc.code)
+
+    async def _watch(self, conn: ServerConnection, name: str) -> None:
+        """A viewer of a daemon-side source: its feed until it leaves or the daemon stops."""
+        source = self.sources.get(name)
+        if source is None:
+            known = ", ".join(sorted(self.sources)) or "none configured"
+            raise SourceNotFoundError(f"no daemon-side source named {name!r} (sources: {known})")
+        log.info("open viewer source=%s peer=%s", name, conn.remote_address)
+        with contextlib.suppress(ConnectionClosed):
+            await source.broadcast.watch(conn)
+            await conn.close(CLOSE_GOING_AWAY)
+        log.info("close viewer source=%s peer=%s", name, conn.remote_address)
 
     async def _stream(self, conn: ServerConnection, query: dict[str, str]) -> None:
         if len(self._live) >= self.config.server.max_sessions:
@@ -247,6 +269,8 @@ class Daemon:
         async for message in conn:
             if session.done:
                 break
+            if live.close_code == CLOSE_GOING_AWAY and session.state is not SessionState.STREAMING:
+                continue  # the daemon ended the stream for its shutdown: late audio is dropped
             if isinstance(message, bytes):
                 if len(message) > limit:
                     raise FrameTooLargeError(f"frame of {len(message)} bytes; the limit is {limit}")

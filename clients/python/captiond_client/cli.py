@@ -1,4 +1,4 @@
-"""`captiond-client`: stream a WAV file to a captiond daemon and show the captions.
+"""`captiond-client`: stream a WAV file or the microphone to a captiond daemon; show captions.
 
 Main thread; one asyncio loop per command.
 """
@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from captiond_client import DEFAULT_URL
@@ -28,6 +29,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print every server message as JSON")
     p.add_argument("--out", type=Path, help="write the final transcript (.txt, .vtt or .srt)")
+    p.set_defaults(func=_stream)
+    m = sub.add_parser("mic", help="stream this machine's microphone until Ctrl-C")
+    m.add_argument("--url", default=DEFAULT_URL, help=f"daemon stream URL (default {DEFAULT_URL})")
+    m.add_argument("--device", default="default", help="input device: index, name or 'default'")
+    m.add_argument("--channel", type=int, help="input channel (default: mean of the first two)")
+    m.add_argument("--json", action="store_true", help="print every server message as JSON")
+    m.add_argument("--out", type=Path, help="write the final transcript (.txt, .vtt or .srt)")
+    m.set_defaults(func=_mic)
     return parser
 
 
@@ -40,10 +49,32 @@ def _stream(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mic(args: argparse.Namespace) -> int:
+    from captiond_client.mic import find_device, stream_microphone
+
+    device = find_device(int(args.device) if args.device.isdigit() else args.device)
+    printer = CaptionPrinter(as_json=args.json)
+    print(f"listening on {device.name} ({device.default_rate_hz} Hz); Ctrl-C ends", file=sys.stderr)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        await stream_microphone(
+            args.url, device, channel=args.channel, stop=stop, on_message=printer
+        )
+
+    asyncio.run(run())
+    if args.out:
+        write_transcript(args.out, printer.finals)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return _stream(args)
+        func: Callable[[argparse.Namespace], int] = args.func
+        return func(args)
     except (WavError, OSError) as exc:
         print(f"captiond-client: {exc}", file=sys.stderr)
         return 2

@@ -16,11 +16,14 @@ import numpy as np
 import numpy.typing as npt
 
 from captiond.config import EngineConfig
-from captiond.engines import EngineRequest, EngineResult
+from captiond.engines import DecodeKind, EngineRequest, EngineResult
 from captiond.errors import ConfigError
 from captiond.models import model_display_name
 
 N_FRAMES = 3000  # one 30 s Whisper window of 10 ms mel frames
+HOP_SAMPLES = 160  # 10 ms at 16 kHz: one mel frame
+_PARTIAL_MARGIN_FRAMES = 200
+_PARTIAL_STEP_FRAMES = 500
 MAX_LENGTH = 448  # Whisper's text context: prompt plus generated tokens
 
 
@@ -46,6 +49,7 @@ class FasterWhisperEngine:
         except (RuntimeError, ValueError) as exc:
             raise ConfigError(f"faster-whisper cannot load {str(model_path)!r}: {exc}") from exc
         self._model_name = model_display_name(model_path)
+        self._partial_min_frames = round(config.partial_window_min_s * 100)
         self._tokenizers: dict[str | None, Any] = {}
 
     @property
@@ -58,18 +62,33 @@ class FasterWhisperEngine:
 
     def warmup(self) -> None:
         silence = np.zeros(16_000, dtype=np.float32)
-        from captiond.engines import DecodeKind
-
         self.transcribe_batch([EngineRequest(audio=silence, kind=DecodeKind.PARTIAL)])
 
     def close(self) -> None:
         del self._model
 
-    def features(self, audio: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-        """faster-whisper's recipe: 160 samples of padding, last frame dropped, 3000 frames."""
+    def features(
+        self, audio: npt.NDArray[np.float32], frames: int = N_FRAMES
+    ) -> npt.NDArray[np.float32]:
+        """faster-whisper's recipe: 160 samples of padding, last frame dropped, zero-padded."""
         mel: npt.NDArray[np.float32] = self._model.feature_extractor(audio)[..., :-1]
-        mel = mel[:, :N_FRAMES]
-        return np.pad(mel, ((0, 0), (0, N_FRAMES - mel.shape[-1]))).astype(np.float32)
+        mel = mel[:, :frames]
+        return np.pad(mel, ((0, 0), (0, frames - mel.shape[-1]))).astype(np.float32)
+
+    def window_frames(self, request: EngineRequest) -> int:
+        """Mel frames to encode: a full 30 s window, or a shorter one for partials.
+
+        The encoder's cost grows with its input and CTranslate2 accepts fewer than 3000
+        frames, so partials encode their audio plus `_PARTIAL_MARGIN_FRAMES`, in steps of
+        `_PARTIAL_STEP_FRAMES` (so that partials of similar length share a batch), never less
+        than `partial_window_min_s`: much shorter windows make Whisper loop. Finals always use
+        the full window, as offline transcription does.
+        """
+        if request.kind is not DecodeKind.PARTIAL or self._partial_min_frames <= 0:
+            return N_FRAMES
+        needed = len(request.audio) // HOP_SAMPLES + _PARTIAL_MARGIN_FRAMES
+        stepped = -(-needed // _PARTIAL_STEP_FRAMES) * _PARTIAL_STEP_FRAMES
+        return min(N_FRAMES, max(self._partial_min_frames, stepped))
 
     def _tokenizer(self, language: str | None) -> Any:
         from faster_whisper.tokenizer import Tokenizer
@@ -90,20 +109,19 @@ class FasterWhisperEngine:
     def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
         from faster_whisper.transcribe import get_suppressed_tokens
 
-        if not requests:
-            return []
-        encoded = self._model.encode(np.stack([self.features(r.audio) for r in requests]))
         tokenizers = [self._tokenizer(r.language) for r in requests]
         prompts = [self._prompt(t, r.prompt) for t, r in zip(tokenizers, requests, strict=True)]
-        results: list[EngineResult | None] = [None] * len(requests)
-        # CTranslate2 needs <|startoftranscript|> at one position in a generate batch, so
-        # requests are grouped by prompt length (and beam size); the encoder batch is shared.
-        groups: dict[tuple[int, int], list[int]] = {}
+        # One encode + generate per group: requests share a window length, a beam size and a
+        # prompt length (CTranslate2 needs <|startoftranscript|> at one position in a batch).
+        groups: dict[tuple[int, int, int], list[int]] = {}
         for i, r in enumerate(requests):
-            groups.setdefault((r.beam_size, len(prompts[i])), []).append(i)
-        for (beam, _), idx in sorted(groups.items()):
+            key = (self.window_frames(r), r.beam_size, len(prompts[i]))
+            groups.setdefault(key, []).append(i)
+        results: dict[int, EngineResult] = {}
+        for (frames, beam, _), idx in sorted(groups.items()):
+            features = np.stack([self.features(requests[i].audio, frames) for i in idx])
             generated = self._model.model.generate(
-                encoded if len(idx) == len(requests) else self._select(encoded, idx),
+                self._model.encode(features),
                 [prompts[i] for i in idx],
                 beam_size=beam,
                 max_length=MAX_LENGTH,
@@ -114,13 +132,7 @@ class FasterWhisperEngine:
             )
             for i, out in zip(idx, generated, strict=True):
                 results[i] = self._result(tokenizers[i], out)
-        return [r for r in results if r is not None]
-
-    @staticmethod
-    def _select(encoded: Any, idx: list[int]) -> Any:
-        import ctranslate2
-
-        return ctranslate2.StorageView.from_array(np.asarray(encoded)[idx])
+        return [results[i] for i in range(len(requests))]
 
     @staticmethod
     def _result(tokenizer: Any, out: Any) -> EngineResult:

@@ -1,0 +1,179 @@
+"""What `bench stream` and `bench capacity` share: options, clips, the engine, the daemon.
+
+Main thread (and its event loop for `daemon_url`). Clips come from a manifest in the speech
+corpus format (../shared/speech/manifest.jsonl by default, or $CAPTIOND_SPEECH_DIR).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from captiond.bench.peer_whisperlive import MODES, peer_version
+from captiond.bench.report import config_dict, machine_facts, parse_settings
+from captiond.config import Config, load_config, override
+from captiond.engines import ENGINE_NAMES, Engine, load_engine
+from captiond.scheduler import InferenceScheduler
+from captiond.server import Daemon
+from captiond_client.wavfile import read_wav_16k_mono
+
+KINDS = ("long", "utterance", "nonspeech")
+
+
+def add_options(p: argparse.ArgumentParser, default_clips: str) -> None:
+    p.add_argument(
+        "--clips",
+        default=default_clips,
+        help="comma list of KIND[:N] (long, utterance, nonspeech; utterances with exact "
+        f"references) or clip ids (default {default_clips})",
+    )
+    p.add_argument("--manifest", type=Path, default=None, help="speech corpus manifest.jsonl")
+    p.add_argument("--max-clip-s", type=float, default=None, help="cut clips to this length")
+    p.add_argument("--speed", type=float, default=1.0, help="times real time (default 1.0)")
+    p.add_argument("--url", default=None, help="stream to this daemon instead of in-process")
+    p.add_argument("--config", type=Path, help="TOML configuration file")
+    p.add_argument("--engine", choices=ENGINE_NAMES, help="inference engine (default auto)")
+    p.add_argument("--model", default=None, help="CTranslate2 Whisper folder (default: bundled)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None)
+    p.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="config override"
+    )
+    p.add_argument("--peer", choices=("whisperlive",), default=None, help="also measure the peer")
+    p.add_argument("--peer-mode", choices=MODES, default="default", help="WhisperLive model mode")
+    p.add_argument("--out", type=Path, required=True, help="folder for the JSON and the PNG")
+    p.add_argument("--log-level", default="warning", help="daemon log level (default warning)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Clip:
+    id: str
+    kind: str
+    text: str
+    ref_quality: str
+    samples: npt.NDArray[np.float32]
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.samples) / 16_000
+
+
+@dataclass(slots=True, kw_only=True)
+class BenchEnv:
+    config: Config
+    engine: Engine
+    clips: list[Clip]
+    manifest: Path
+    offline: dict[str, str] = field(default_factory=dict)
+    offline_rtf: dict[str, float] = field(default_factory=dict)
+
+
+def default_manifest() -> Path:
+    root = os.environ.get("CAPTIOND_SPEECH_DIR")
+    return Path(root) / "manifest.jsonl" if root else Path("../shared/speech/manifest.jsonl")
+
+
+def select_clips(entries: list[dict[str, Any]], spec: str) -> list[dict[str, Any]]:
+    """KIND[:N] picks N clips of a kind (utterances: exact references, spread out); else ids."""
+    by_id = {e["id"]: e for e in entries}
+    chosen: list[dict[str, Any]] = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        kind, _, count = item.partition(":")
+        if kind in KINDS:
+            pool = [e for e in entries if e["kind"] == kind]
+            if kind == "utterance":
+                pool = [e for e in pool if e.get("ref_quality") == "exact"]
+            n = int(count) if count else len(pool)
+            step = max(1, len(pool) // max(n, 1)) if kind == "utterance" else 1
+            chosen += pool[::step][:n]
+        elif item in by_id:
+            chosen.append(by_id[item])
+        else:
+            raise ValueError(f"--clips: {item!r} is neither a kind ({', '.join(KINDS)}) nor an id")
+    return chosen
+
+
+def load_clips(manifest: Path, spec: str, max_s: float | None) -> list[Clip]:
+    with manifest.open(encoding="utf-8") as fh:
+        entries = [json.loads(line) for line in fh if line.strip()]
+    clips = []
+    for e in select_clips(entries, spec):
+        samples = read_wav_16k_mono(manifest.parent / e["file"])
+        if max_s is not None:
+            samples = samples[: int(max_s * 16_000)]
+        # A cut clip's reference no longer matches: keep it only for the clip's own kind.
+        exact = e.get("ref_quality", "exact") == "exact" and (
+            max_s is None or max_s >= e["duration_s"]
+        )
+        clips.append(
+            Clip(
+                id=e["id"],
+                kind=e["kind"],
+                text=e["text"],
+                ref_quality="exact" if exact else "approximate",
+                samples=samples,
+            )
+        )
+    return clips
+
+
+def prepare(args: argparse.Namespace) -> BenchEnv:
+    """Config (file, options, --set), clips, and the warmed-up engine."""
+    config = override(
+        load_config(args.config), "engine", name=args.engine, model=args.model, device=args.device
+    )
+    config = parse_settings(args.set, config)
+    manifest = args.manifest or default_manifest()
+    clips = load_clips(manifest, args.clips, args.max_clip_s)
+    engine = load_engine(config.engine)
+    engine.warmup()
+    return BenchEnv(config=config, engine=engine, clips=clips, manifest=manifest)
+
+
+@contextlib.asynccontextmanager
+async def daemon_url(
+    args: argparse.Namespace, env: BenchEnv
+) -> AsyncIterator[tuple[str, InferenceScheduler | None]]:
+    """--url as given, or a daemon in this process (port 0) sharing the bench's engine."""
+    if args.url:
+        yield args.url, None
+        return
+    config = override(env.config, "server", port=0, max_sessions=1024)
+    scheduler = InferenceScheduler(env.engine, config.scheduler)
+    scheduler.start()
+    daemon = Daemon(config, scheduler)
+    await daemon.start()
+    try:
+        yield f"ws://127.0.0.1:{daemon.port}/v1/stream", scheduler
+    finally:
+        await daemon.shutdown(timeout_s=5)
+        scheduler.stop()
+
+
+def header(args: argparse.Namespace, env: BenchEnv, bench: str) -> dict[str, Any]:
+    """Machine, versions, config and the clips: the head of every bench JSON."""
+    peer = None
+    if args.peer:
+        peer = {"name": "whisperlive", "version": peer_version(), "mode": args.peer_mode}
+    return {
+        "bench": bench,
+        "machine": machine_facts(),
+        "engine": {"name": env.engine.name, "model": env.engine.model_name},
+        "config": config_dict(env.config),
+        "speed": args.speed,
+        "url": args.url,
+        "peer": peer,
+        "manifest": str(env.manifest),
+        "clips": [
+            {"id": c.id, "kind": c.kind, "duration_s": round(c.duration_s, 2), "ref": c.ref_quality}
+            for c in env.clips
+        ],
+    }

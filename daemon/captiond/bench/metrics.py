@@ -1,0 +1,147 @@
+"""The streaming measurements of DESIGN §6 over one recorded stream (pure functions, any thread).
+
+A `Trace` is what a benchmark client saw: when each stretch of audio was sent and when each
+message arrived, both on one wall clock, with messages in the native protocol's shape (the
+WhisperLive adapter translates its segments into partials and finals). Everything here is
+arithmetic over that record: percentiles, partial lag, final latency, stable-word retractions
+and unstable-word churn.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+Message = dict[str, Any]
+
+
+@dataclass(slots=True)
+class Trace:
+    """One stream as the client saw it; times are seconds on the client's monotonic clock."""
+
+    sent_s: list[float] = field(default_factory=list)  # wall moment of each send …
+    sent_ms: list[int] = field(default_factory=list)  # … and the stream audio sent by then
+    arrived_s: list[float] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    ended_s: float | None = None  # when the server said `done` (or closed, for the peer)
+
+    def record_sent(self, wall_s: float, audio_ms: int) -> None:
+        self.sent_s.append(wall_s)
+        self.sent_ms.append(audio_ms)
+
+    def record_message(self, wall_s: float, message: Message) -> None:
+        self.arrived_s.append(wall_s)
+        self.messages.append(message)
+
+    def audio_sent_ms(self, wall_s: float) -> int:
+        """Stream audio sent at or before `wall_s`."""
+        i = bisect.bisect_right(self.sent_s, wall_s)
+        return self.sent_ms[i - 1] if i else 0
+
+    def wall_when_sent(self, audio_ms: int) -> float:
+        """The wall moment the audio up to `audio_ms` had been sent (the last send if never)."""
+        i = bisect.bisect_left(self.sent_ms, audio_ms)
+        return self.sent_s[min(i, len(self.sent_s) - 1)]
+
+    def of(self, kind: str) -> list[tuple[float, Message]]:
+        return [
+            (t, m) for t, m in zip(self.arrived_s, self.messages, strict=True) if m["type"] == kind
+        ]
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0 to 100), interpolated linearly as numpy does; None if empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def partial_lags_ms(trace: Trace) -> list[float]:
+    """At each partial: audio sent so far minus the partial's `end_ms`."""
+    return [trace.audio_sent_ms(t) - m["end_ms"] for t, m in trace.of("partial")]
+
+
+def final_latencies_ms(trace: Trace) -> list[float]:
+    """At each final: its arrival minus the wall moment its `end_ms` of audio was sent (finals
+    the peer adapter made up at the close, marked `trailing`, have no latency)."""
+    return [
+        (t - trace.wall_when_sent(m["end_ms"])) * 1000
+        for t, m in trace.of("final")
+        if not m.get("trailing")
+    ]
+
+
+def first_text_s(trace: Trace) -> float | None:
+    """From sending the start of the first text's audio to that text's arrival."""
+    for t, m in zip(trace.arrived_s, trace.messages, strict=True):
+        text = m.get("text") or f"{m.get('stable', '')} {m.get('unstable', '')}".strip()
+        if m["type"] in ("partial", "final") and text:
+            return t - trace.wall_when_sent(m["start_ms"])
+    return None
+
+
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
+def retracted_stable_words(messages: Sequence[Message]) -> int:
+    """Words that were in a segment's `stable` and are not a prefix of its next partial's."""
+    last: dict[int, list[str]] = {}
+    retracted = 0
+    for m in messages:
+        if m["type"] != "partial":
+            continue
+        stable = _words(m.get("stable", ""))
+        before = last.get(m["segment"], [])
+        kept = 0
+        while kept < min(len(before), len(stable)) and before[kept] == stable[kept]:
+            kept += 1
+        retracted += len(before) - kept
+        last[m["segment"]] = stable
+    return retracted
+
+
+def unstable_churn(messages: Sequence[Message]) -> int:
+    """Unstable words of a partial that the segment's next partial no longer has in place."""
+    last: dict[int, tuple[int, list[str]]] = {}
+    churn = 0
+    for m in messages:
+        if m["type"] != "partial":
+            continue
+        stable = _words(m.get("stable", ""))
+        words = stable + _words(m.get("unstable", ""))
+        if m["segment"] in last:
+            start, before = last[m["segment"]]
+            churn += sum(
+                1 for i in range(start, len(before)) if i >= len(words) or words[i] != before[i]
+            )
+        last[m["segment"]] = (len(stable), words)
+    return churn
+
+
+def final_text(messages: Sequence[Message]) -> str:
+    return " ".join(m["text"] for m in messages if m["type"] == "final" and m["text"])
+
+
+def last_final_before_done(messages: Sequence[Message]) -> bool:
+    """Every final arrived before `done` (a trace without `done` fails)."""
+    types = [m["type"] for m in messages]
+    return "done" in types and "final" not in types[types.index("done") :]
+
+
+def summary(values: Sequence[float], digits: int = 1) -> dict[str, float | int | None]:
+    """count, p50, p95 and max, rounded."""
+    p50, p95 = percentile(values, 50), percentile(values, 95)
+    return {
+        "count": len(values),
+        "p50": None if p50 is None else round(p50, digits),
+        "p95": None if p95 is None else round(p95, digits),
+        "max": round(max(values), digits) if values else None,
+    }

@@ -1,0 +1,80 @@
+"""Real-time clients for the benchmarks (asyncio, the bench's event loop).
+
+`send_paced` sends 100 ms chunks on the schedule of real time divided by `speed` and records
+each send on the trace; `stream_native` streams one clip over protocol v1 and records every
+message's arrival, so that `metrics` can put sends and arrivals on one clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+import numpy.typing as npt
+from websockets.asyncio.client import connect
+
+from captiond.audio import samples_to_ms
+from captiond.bench.metrics import Trace
+from captiond_client.stream import stream_url
+
+CHUNK_MS = 100
+_CHUNK_SAMPLES = 16_000 * CHUNK_MS // 1000
+
+
+class BenchStreamError(RuntimeError):
+    """The daemon ended a benchmark stream with an error or without `done`."""
+
+
+def exact_pcm_s16le(samples: npt.NDArray[np.float32]) -> bytes:
+    """The inverse of the daemon's s16 decoding (x / 32768), so a 16-bit WAV arrives bit-exact
+    and offline and streaming decode the same samples."""
+    return np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2").tobytes()
+
+
+async def send_paced(
+    samples: npt.NDArray[np.float32],
+    speed: float,
+    send: Callable[[npt.NDArray[np.float32]], Awaitable[None]],
+    trace: Trace,
+) -> None:
+    started = time.monotonic()
+    for i, start in enumerate(range(0, len(samples), _CHUNK_SAMPLES)):
+        await asyncio.sleep(max(0.0, started + i * CHUNK_MS / 1000 / speed - time.monotonic()))
+        end = min(start + _CHUNK_SAMPLES, len(samples))
+        await send(samples[start:end])
+        trace.record_sent(time.monotonic(), samples_to_ms(end))
+
+
+async def stream_native(url: str, samples: npt.NDArray[np.float32], *, speed: float = 1.0) -> Trace:
+    """Stream one clip to a captiond daemon, then `end`; the trace up to `done`."""
+    trace = Trace()
+    async with connect(stream_url(url), max_size=None) as conn:
+
+        async def receive() -> None:
+            async for raw in conn:
+                if isinstance(raw, bytes):
+                    continue
+                message = json.loads(raw)
+                trace.record_message(time.monotonic(), message)
+                if message["type"] == "error":
+                    raise BenchStreamError(f"{message['code']}: {message['message']}")
+                if message["type"] == "done":
+                    trace.ended_s = time.monotonic()
+                    return
+            raise BenchStreamError(f"closed before 'done' (code {conn.close_code})")
+
+        receiver = asyncio.create_task(receive())
+
+        async def send(chunk: npt.NDArray[np.float32]) -> None:
+            await conn.send(exact_pcm_s16le(chunk))
+
+        try:
+            await send_paced(samples, speed, send, trace)
+            await conn.send(json.dumps({"type": "end"}))
+            await receiver
+        finally:
+            receiver.cancel()
+    return trace

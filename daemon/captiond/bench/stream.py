@@ -1,0 +1,206 @@
+"""`captiond bench stream`: accuracy, latency and stability of real-time streams, per clip.
+
+Main thread and its event loop. The engine is loaded once: the main thread uses it first for the
+offline transcripts (captiond.offline), then hands it to an in-process daemon's engine thread
+(unless --url names a running daemon). With --peer whisperlive the same clips are streamed to
+WhisperLive at the same pace, one clip at a time, after ours.
+
+    captiond bench stream --clips long,utterance:6,nonspeech:3 --max-clip-s 240 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+from captiond.bench import common
+from captiond.bench.metrics import (
+    Trace,
+    final_latencies_ms,
+    final_text,
+    first_text_s,
+    last_final_before_done,
+    partial_lags_ms,
+    retracted_stable_words,
+    summary,
+    unstable_churn,
+)
+from captiond.bench.pacing import stream_native
+from captiond.bench.peer_whisperlive import stream_whisperlive, whisperlive_server
+from captiond.bench.report import Progress, plot_cdfs, print_table, write_json
+from captiond.bench.wer import WerCounts, align, normalize, word_errors
+from captiond.models import resolve_model
+from captiond.offline import transcribe_samples
+
+_ZERO = WerCounts(substitutions=0, deletions=0, insertions=0, reference_words=0)
+
+
+def add_stream_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("stream", help="per-clip WER, latency, stability vs offline and the peer")
+    common.add_options(p, default_clips="long:1,utterance:6,nonspeech:3")
+    p.set_defaults(func=_bench_stream)
+
+
+def clip_figures(trace: Trace, clip: common.Clip, offline: str | None) -> dict[str, Any]:
+    """Every per-clip figure of one streamed clip (ours or the peer's)."""
+    text = final_text(trace.messages)
+    figures: dict[str, Any] = {
+        "text": text,
+        "words": len(normalize(text)),
+        "partial_lag_ms": summary(partial_lags_ms(trace)),
+        "final_latency_ms": summary(final_latencies_ms(trace)),
+        "first_text_s": _round(first_text_s(trace)),
+        "retracted_stable_words": retracted_stable_words(trace.messages),
+        "unstable_churn_words": unstable_churn(trace.messages),
+        "last_final_before_done": last_final_before_done(trace.messages),
+        "end_wait_s": _round(trace.ended_s - trace.sent_s[-1] if trace.ended_s else None),
+    }
+    if clip.kind != "nonspeech":
+        figures["wer"] = round(word_errors(clip.text, text).wer, 4)
+    if offline is not None:
+        off_words = normalize(offline)
+        tail = off_words[-8:]
+        figures["tail_words_missing_vs_offline"] = align(
+            tail, normalize(text)[-(len(tail) + 4) :]
+        ).deletions
+    return figures
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def _overall(
+    clips: list[common.Clip], runs: dict[str, Trace], texts: dict[str, str]
+) -> dict[str, Any]:
+    counts = _ZERO
+    for clip in clips:
+        if clip.kind != "nonspeech" and clip.ref_quality == "exact":
+            counts += word_errors(clip.text, texts[clip.id])
+    lags = [x for c in clips for x in partial_lags_ms(runs[c.id])]
+    finals = [x for c in clips for x in final_latencies_ms(runs[c.id])]
+    return {
+        "wer_exact_refs": round(counts.wer, 4),
+        "reference_words": counts.reference_words,
+        "nonspeech_words": sum(len(normalize(texts[c.id])) for c in clips if c.kind == "nonspeech"),
+        "partial_lag_ms": summary(lags),
+        "final_latency_ms": summary(finals),
+        "retracted_stable_words": sum(retracted_stable_words(runs[c.id].messages) for c in clips),
+        "unstable_churn_words": sum(unstable_churn(runs[c.id].messages) for c in clips),
+        "all_finals_before_done": all(last_final_before_done(runs[c.id].messages) for c in clips),
+    }
+
+
+async def _run_ours(args: argparse.Namespace, env: common.BenchEnv) -> dict[str, Any]:
+    runs: dict[str, Trace] = {}
+    requests: dict[str, float] = {}
+    progress = Progress("captiond", len(env.clips))
+    async with common.daemon_url(args, env) as (url, scheduler):
+        for clip in env.clips:
+            before = scheduler.stats.requests if scheduler else 0
+            runs[clip.id] = await stream_native(url, clip.samples, speed=args.speed)
+            if scheduler is not None:
+                requests[clip.id] = (scheduler.stats.requests - before) / clip.duration_s
+            progress.step(clip.id)
+    out = {c.id: clip_figures(runs[c.id], c, env.offline[c.id]) for c in env.clips}
+    for clip_id, rate in requests.items():
+        out[clip_id]["decode_requests_per_audio_s"] = round(rate, 2)
+    texts = {c.id: final_text(runs[c.id].messages) for c in env.clips}
+    return {"clips": out, "overall": _overall(env.clips, runs, texts), "_runs": runs}
+
+
+async def _run_peer(args: argparse.Namespace, env: common.BenchEnv) -> dict[str, Any]:
+    runs: dict[str, Trace] = {}
+    progress = Progress("whisperlive", len(env.clips))
+    with whisperlive_server(resolve_model(args.model), args.peer_mode) as (url, _pid):
+        for clip in env.clips:
+            runs[clip.id] = await stream_whisperlive(url, clip.samples, speed=args.speed)
+            progress.step(clip.id)
+    out = {c.id: clip_figures(runs[c.id], c, env.offline[c.id]) for c in env.clips}
+    texts = {c.id: final_text(runs[c.id].messages) for c in env.clips}
+    return {"clips": out, "overall": _overall(env.clips, runs, texts), "_runs": runs}
+
+
+def _bench_stream(args: argparse.Namespace) -> int:
+    env = common.prepare(args)
+    for clip in env.clips:
+        started = time.monotonic()
+        env.offline[clip.id] = transcribe_samples(clip.samples, env.engine, env.config).text
+        env.offline_rtf[clip.id] = (time.monotonic() - started) / clip.duration_s
+    results: dict[str, Any] = {"captiond": asyncio.run(_run_ours(args, env))}
+    if args.peer:
+        results["whisperlive"] = asyncio.run(_run_peer(args, env))
+    series: dict[str, list[float]] = {}
+    for name, res in results.items():
+        runs = res.pop("_runs")
+        series[f"partial lag: {name}"] = [x for t in runs.values() for x in partial_lags_ms(t)]
+        series[f"final latency: {name}"] = [x for t in runs.values() for x in final_latencies_ms(t)]
+    offline = {
+        c.id: {
+            "text": env.offline[c.id],
+            "wer": None
+            if c.kind == "nonspeech"
+            else round(word_errors(c.text, env.offline[c.id]).wer, 4),
+            "rtf": round(env.offline_rtf[c.id], 3),
+        }
+        for c in env.clips
+    }
+    counts = _ZERO
+    for c in env.clips:
+        if c.kind != "nonspeech" and c.ref_quality == "exact":
+            counts += word_errors(c.text, env.offline[c.id])
+    data = common.header(args, env, "stream") | {
+        "offline": {"clips": offline, "overall": {"wer_exact_refs": round(counts.wer, 4)}},
+        **results,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = f"stream-{data['machine']['host']}"
+    write_json(args.out / f"{name}.json", data)
+    plot_cdfs(args.out / f"{name}.png", f"captiond bench stream ({env.engine.name})", series)
+    _table(env.clips, data)
+    print(f"wrote {args.out / name}.json and .png")
+    return 0
+
+
+def _table(clips: list[common.Clip], data: dict[str, Any]) -> None:
+    rows = []
+    peer = data.get("whisperlive")
+    for clip in [*clips, None]:
+        key = "overall" if clip is None else clip.id
+        ours = data["captiond"]["overall" if clip is None else "clips"]
+        ours = ours if clip is None else ours[key]
+        theirs = None if peer is None else (peer["overall"] if clip is None else peer["clips"][key])
+        off = (
+            data["offline"]["overall"]["wer_exact_refs"]
+            if clip is None
+            else data["offline"]["clips"][key]["wer"]
+        )
+        rows.append(
+            [
+                key[:34],
+                ours.get("wer", ours.get("wer_exact_refs")),
+                off,
+                None if theirs is None else theirs.get("wer", theirs.get("wer_exact_refs")),
+                ours["partial_lag_ms"]["p50"],
+                ours["final_latency_ms"]["p50"],
+                ours["final_latency_ms"]["p95"],
+                None if theirs is None else theirs["final_latency_ms"]["p50"],
+                None if theirs is None else theirs["final_latency_ms"]["p95"],
+                ours["retracted_stable_words"],
+            ]
+        )
+    headers = [
+        "clip",
+        "WER",
+        "offline",
+        "peer",
+        "lag p50",
+        "fin p50",
+        "fin p95",
+        "peer p50",
+        "peer p95",
+        "retract",
+    ]
+    print_table(headers, rows)

@@ -1,0 +1,264 @@
+"""systemd integration: the sd_notify client (READY, STATUS, WATCHDOG, STOPPING) and the units.
+
+`supervise` is one task on the event-loop thread of `captiond serve`; a datagram to
+$NOTIFY_SOCKET never blocks. WATCHDOG=1 goes out at half the watchdog period, and only while the
+engine thread's heartbeat is fresh, so a hung engine gets the service restarted. The unit texts
+are rendered here and nowhere else: the files in systemd/ are `captiond install-service --print`
+output (a test holds them equal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from captiond.server import Daemon
+
+log = logging.getLogger(__name__)
+
+# With no watchdog, STATUS= is refreshed this often.
+STATUS_EVERY_S = 5.0
+
+
+class Notifier:
+    """Sends sd_notify datagrams to $NOTIFY_SOCKET; does nothing when it is not set."""
+
+    def __init__(self, env: Mapping[str, str] = os.environ) -> None:
+        address = env.get("NOTIFY_SOCKET", "")
+        if address.startswith("@"):  # abstract namespace
+            address = "\0" + address[1:]
+        self._address = address if address.startswith(("/", "\0")) else ""
+        if address and not self._address:
+            log.warning("NOTIFY_SOCKET %r is not a unix socket path: not notifying", address)
+        self._socket: socket.socket | None = None
+        watchdog_usec = env.get("WATCHDOG_USEC", "")
+        watchdog_pid = env.get("WATCHDOG_PID", "")
+        for_us = not watchdog_pid or watchdog_pid == str(os.getpid())
+        self.watchdog_s = int(watchdog_usec) / 1e6 if watchdog_usec.isdigit() and for_us else None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._address)
+
+    def send(self, *assignments: str) -> None:
+        """One datagram of `KEY=VALUE` lines; a failure is logged, never raised."""
+        if not self._address:
+            return
+        try:
+            if self._socket is None:
+                self._socket = socket.socket(
+                    socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC
+                )
+            self._socket.sendto("\n".join(assignments).encode(), self._address)
+        except OSError as exc:
+            log.warning("sd_notify to %r failed: %s", self._address, exc)
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+
+
+def status_line(daemon: Daemon) -> str:
+    sources = ", ".join(
+        f"{s.name} {s.state} ({s.broadcast.viewers} viewers)" for s in daemon.sources.values()
+    )
+    line = f"{daemon.sessions_open} streams open, {daemon.sessions_total} served"
+    return f"{line}; sources: {sources}" if sources else line
+
+
+async def supervise(daemon: Daemon, notifier: Notifier, stop: asyncio.Event) -> None:
+    """READY=1 now (call it once the engine is warm and the socket listens), then STATUS= on
+    change and WATCHDOG=1 while the engine's heartbeat is fresh; STOPPING=1 when `stop` is set."""
+    status = status_line(daemon)
+    notifier.send("READY=1", f"STATUS={status}")
+    watchdog_s = notifier.watchdog_s
+    period_s = watchdog_s / 2 if watchdog_s else STATUS_EVERY_S
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), period_s)
+        if stop.is_set():
+            break
+        update = []
+        if (new := status_line(daemon)) != status:
+            status = new
+            update.append(f"STATUS={status}")
+        if watchdog_s:
+            age_s = time.monotonic() - daemon.scheduler.stats.heartbeat_monotonic
+            if age_s < watchdog_s:
+                update.append("WATCHDOG=1")
+            else:
+                log.error("engine thread silent for %.1f s: withholding the watchdog ping", age_s)
+        if update:
+            notifier.send(*update)
+    notifier.send("STOPPING=1", "STATUS=finalizing open sessions and shutting down")
+
+
+# -- units -----------------------------------------------------------------------------------
+
+DEFAULT_EXEC = "/usr/local/bin/captiond"
+UNIT_KINDS = ("system", "user", "template")
+UNIT_FILES = {
+    "system": "captiond.service",
+    "user": "captiond-user.service",
+    "template": "captiond@.service",
+}
+
+_HARDENING = """\
+DynamicUser=yes
+SupplementaryGroups=audio video render
+NoNewPrivileges=yes
+ProtectSystem=strict
+ProtectHome=yes
+PrivateTmp=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+RestrictNamespaces=yes
+RestrictSUIDSGID=yes
+LockPersonality=yes
+RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK
+SystemCallArchitectures=native
+CacheDirectory=captiond
+# The GPU (and the sound card) stay visible: no PrivateDevices, an explicit device list.
+DevicePolicy=closed
+DeviceAllow=/dev/nvidiactl rw
+DeviceAllow=/dev/nvidia-uvm rw
+DeviceAllow=/dev/nvidia-uvm-tools rw
+DeviceAllow=char-nvidia-frontend rw
+DeviceAllow=char-nvidia-caps rw
+DeviceAllow=char-alsa rw
+"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _UnitSpec:
+    description: str
+    config: str
+    after: str
+    environment: str
+    hardening: str
+    wanted_by: str
+
+
+_SPECS = {
+    "system": _UnitSpec(
+        description="captiond streaming speech transcription daemon",
+        config="/etc/captiond/captiond.toml",
+        after="network-online.target sound.target",
+        environment="",
+        hardening=_HARDENING,
+        wanted_by="multi-user.target",
+    ),
+    "user": _UnitSpec(
+        description="captiond streaming speech transcription daemon (this user's microphone)",
+        config="%E/captiond/captiond.toml",
+        after="pipewire-pulse.service pulseaudio.service",
+        environment="",
+        # A user manager cannot change groups or mount namespaces without privileges.
+        hardening="NoNewPrivileges=yes\nLockPersonality=yes\n",
+        wanted_by="default.target",
+    ),
+    "template": _UnitSpec(
+        description="captiond streaming speech transcription daemon on GPU %i",
+        config="/etc/captiond/%i.toml",
+        after="network-online.target",
+        environment="Environment=CUDA_VISIBLE_DEVICES=%i\n",
+        hardening=_HARDENING,
+        wanted_by="multi-user.target",
+    ),
+}
+
+
+def render_unit(kind: str, exec_path: str = DEFAULT_EXEC) -> str:
+    spec = _SPECS[kind]
+    wants = "" if kind == "user" else "Wants=network-online.target\n"
+    return f"""\
+# Written by `captiond install-service`; edit the config file, not this unit.
+[Unit]
+Description={spec.description}
+After={spec.after}
+{wants}
+[Service]
+Type=notify
+NotifyAccess=main
+ExecStart={exec_path} serve --config {spec.config}
+{spec.environment}Restart=on-failure
+RestartSec=5
+# Loading and warming the model comes before READY=1.
+TimeoutStartSec=300
+TimeoutStopSec=30
+WatchdogSec=30
+{spec.hardening}
+[Install]
+WantedBy={spec.wanted_by}
+"""
+
+
+EXAMPLE_CONFIG = """\
+# captiond configuration; every key is optional (`captiond serve --print-config` shows them all).
+
+[server]
+host = "0.0.0.0"
+port = 8765
+
+[engine]
+# auto: the GPU engine when a GPU is visible, else faster-whisper on the CPU.
+name = "auto"
+
+# The microphone of this machine, captioned for every viewer of
+# ws://HOST:8765/v1/captions?source=room (list devices with `captiond devices`).
+# [[sources]]
+# name = "room"
+# device = "default"
+"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Install:
+    unit_path: Path
+    unit_text: str
+    config_path: Path
+
+
+def plan_install(kind: str, exec_path: str, env: Mapping[str, str] = os.environ) -> Install:
+    """Where `install-service` writes the unit and the example config."""
+    if kind == "user":
+        config_home = Path(env.get("XDG_CONFIG_HOME") or Path(env.get("HOME", "~")) / ".config")
+        return Install(
+            unit_path=config_home / "systemd" / "user" / "captiond.service",
+            unit_text=render_unit(kind, exec_path),
+            config_path=config_home / "captiond" / "captiond.toml",
+        )
+    config = "0.toml" if kind == "template" else "captiond.toml"
+    return Install(
+        unit_path=Path("/etc/systemd/system") / UNIT_FILES[kind],
+        unit_text=render_unit(kind, exec_path),
+        config_path=Path("/etc/captiond") / config,
+    )
+
+
+def write_install(install: Install) -> list[str]:
+    """Write the unit (replacing it) and the example config (never over an existing one)."""
+    install.unit_path.parent.mkdir(parents=True, exist_ok=True)
+    install.unit_path.write_text(install.unit_text, encoding="utf-8")
+    done = [f"wrote {install.unit_path}"]
+    if install.config_path.exists():
+        done.append(f"kept {install.config_path}")
+    else:
+        install.config_path.parent.mkdir(parents=True, exist_ok=True)
+        install.config_path.write_text(EXAMPLE_CONFIG, encoding="utf-8")
+        done.append(f"wrote {install.config_path}")
+    return done

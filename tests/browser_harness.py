@@ -1,0 +1,173 @@
+"""Headless Chromium for tests of the web client, driven over the DevTools protocol (CDP).
+
+`launch_chromium` starts the Debian `chromium` with a fresh profile and fake media devices and
+yields its DevTools URL; `open_page` opens a tab and speaks CDP to it with `websockets`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+FLAGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--use-fake-ui-for-media-stream",
+    "--use-fake-device-for-media-stream",
+    "--autoplay-policy=no-user-gesture-required",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-gpu",
+    "--remote-debugging-port=0",
+]
+
+
+def chromium_or_skip() -> str:
+    """The chromium binary; a missing one skips the test locally and fails it in CI."""
+    path = shutil.which("chromium")
+    if path is None:
+        message = "chromium is not installed (apt-get install chromium)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{message}; CI must run the browser tests")
+        pytest.skip(message)
+    return path
+
+
+@contextlib.contextmanager
+def launch_chromium(profile: Path, fake_audio: Path | None = None) -> Iterator[str]:
+    """Run headless Chromium with a fresh profile; yield its browser DevTools websocket URL."""
+    args = [chromium_or_skip(), *FLAGS, f"--user-data-dir={profile}"]
+    if fake_audio is not None:
+        args.append(f"--use-file-for-fake-audio-capture={fake_audio}")
+    profile.mkdir(parents=True, exist_ok=True)
+    log_path = profile.parent / f"{profile.name}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([*args, "about:blank"], stdout=log, stderr=log)
+    try:
+        port_file = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 60
+        while not (port_file.is_file() and port_file.read_text().count("\n") >= 1):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"chromium did not start: {log_path.read_text(errors='replace')}")
+            time.sleep(0.1)
+        port, path = port_file.read_text().split()[:2]
+        yield f"ws://127.0.0.1:{port}{path}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class Page:
+    """One tab: CDP commands by id, with console output kept for failure messages."""
+
+    def __init__(self, conn: ClientConnection) -> None:
+        self._conn = conn
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.console: list[str] = []
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            await self._dispatch()
+
+    async def _dispatch(self) -> None:
+        async for raw in self._conn:
+            msg = json.loads(raw)
+            if "id" in msg:
+                self._pending.pop(msg["id"]).set_result(msg)
+            elif msg.get("method") == "Runtime.consoleAPICalled":
+                args = msg["params"]["args"]
+                self.console.append(" ".join(str(a.get("value", a.get("description"))) for a in args))
+            elif msg.get("method") == "Runtime.exceptionThrown":
+                self.console.append(str(msg["params"]["exceptionDetails"]))
+
+    async def call(self, method: str, **params: Any) -> dict[str, Any]:
+        msg_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[msg_id] = future
+        await self._conn.send(json.dumps({"id": msg_id, "method": method, "params": params}))
+        reply = await asyncio.wait_for(future, 30)
+        if "error" in reply:
+            raise RuntimeError(f"{method}: {reply['error']}")
+        result: dict[str, Any] = reply["result"]
+        return result
+
+    async def evaluate(self, expression: str) -> Any:
+        result = await self.call(
+            "Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True
+        )
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    async def navigate(self, url: str) -> None:
+        await self.call("Page.navigate", url=url)
+        await self.wait_for("document.readyState === 'complete' && !!document.body", "page load")
+
+    async def wait_for(self, expression: str, what: str, timeout_s: float = 30) -> Any:
+        """Poll `expression` until it is truthy; fail with the page's state if it never is."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            value = await self.evaluate(expression)
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                state = await self.evaluate(
+                    "JSON.stringify(['state', 'notice', 'clock', 'transcript', 'live']"
+                    ".map((id) => document.getElementById(id)?.textContent))"
+                )
+                raise AssertionError(f"timed out waiting for {what}: {state}; {self.console}")
+            await asyncio.sleep(0.2)
+
+    async def screenshot(self, path: Path) -> None:
+        shot = await self.call("Page.captureScreenshot", format="png")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(shot["data"]))
+
+    async def viewport(self, width: int, height: int, mobile: bool = False) -> None:
+        await self.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=height,
+            deviceScaleFactor=1,
+            mobile=mobile,
+        )
+
+
+@contextlib.asynccontextmanager
+async def open_page(browser_url: str) -> AsyncIterator[Page]:
+    """A new tab of the browser at `browser_url` (from `launch_chromium`), closed afterwards."""
+    base = browser_url.split("/devtools/")[0]
+    async with connect(browser_url, max_size=None) as browser:
+        page = Page(browser)
+        target = await page.call("Target.createTarget", url="about:blank")
+        target_id = target["targetId"]
+        try:
+            async with connect(f"{base}/devtools/page/{target_id}", max_size=None) as conn:
+                tab = Page(conn)
+                await tab.call("Runtime.enable")
+                await tab.call("Page.enable")
+                yield tab
+        finally:
+            await page.call("Target.closeTarget", targetId=target_id)

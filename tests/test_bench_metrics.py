@@ -1,0 +1,141 @@
+"""The bench's measurements over scripted message streams: no daemon, no clock, no model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from captiond.bench.metrics import (
+    Trace,
+    final_latencies_ms,
+    first_text_s,
+    last_final_before_done,
+    partial_lags_ms,
+    percentile,
+    retracted_stable_words,
+    summary,
+    unstable_churn,
+)
+from captiond.bench.peer_whisperlive import SegmentTranslator
+from captiond.bench.wer import align, word_errors
+
+
+def partial(seg: int, stable: str, unstable: str, end_ms: int = 0) -> dict[str, Any]:
+    return {
+        "type": "partial",
+        "segment": seg,
+        "start_ms": 0,
+        "end_ms": end_ms,
+        "stable": stable,
+        "unstable": unstable,
+    }
+
+
+def scripted_trace() -> Trace:
+    """1 s of audio sent in 100 ms chunks at 0.1 s, 0.2 s, …; messages at chosen moments."""
+    trace = Trace()
+    for i in range(1, 11):
+        trace.record_sent(i / 10, i * 100)
+    trace.record_message(0.55, partial(0, "", "hello", end_ms=400))
+    trace.record_message(0.85, partial(0, "hello", "world", end_ms=700))
+    trace.record_message(
+        1.30,
+        {"type": "final", "segment": 0, "start_ms": 100, "end_ms": 1000, "text": "hello world"},
+    )
+    trace.record_message(1.31, {"type": "done"})
+    return trace
+
+
+@pytest.mark.parametrize("q", [0, 10, 50, 95, 100])
+def test_percentile_matches_numpy(q: float) -> None:
+    values = [5.0, 1.0, 9.0, 3.0, 7.5, 2.0]
+    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+
+
+def test_percentile_and_summary_of_nothing() -> None:
+    assert percentile([], 50) is None
+    assert summary([]) == {"count": 0, "p50": None, "p95": None, "max": None}
+
+
+def test_partial_lag_is_audio_sent_minus_end_ms() -> None:
+    # At 0.55 s, 500 ms had been sent; at 0.85 s, 800 ms.
+    assert partial_lags_ms(scripted_trace()) == [100, 100]
+
+
+def test_final_latency_is_arrival_minus_moment_its_end_was_sent() -> None:
+    # end_ms 1000 was sent at 1.0 s; the final arrived at 1.3 s.
+    assert final_latencies_ms(scripted_trace()) == [pytest.approx(300.0)]
+
+
+def test_first_text_counts_from_sending_its_start() -> None:
+    # The first partial starts at 0 ms, sent with the first chunk at 0.1 s.
+    assert first_text_s(scripted_trace()) == pytest.approx(0.45)
+
+
+def test_trailing_finals_have_no_latency() -> None:
+    trace = scripted_trace()
+    trace.messages[2]["trailing"] = True
+    assert final_latencies_ms(trace) == []
+
+
+def test_last_final_before_done() -> None:
+    messages = scripted_trace().messages
+    assert last_final_before_done(messages)
+    assert not last_final_before_done(messages[:-1])
+    assert not last_final_before_done([messages[0], messages[3], messages[2]])
+
+
+def test_retracted_stable_words_counts_words_not_kept_as_prefix() -> None:
+    clean = [
+        partial(0, "a", "b"),
+        partial(0, "a b", "c"),
+        partial(1, "", "x"),
+        partial(0, "a b c", ""),
+    ]
+    assert retracted_stable_words(clean) == 0
+    bad = [partial(0, "a b c", ""), partial(0, "a x", "y"), partial(1, "q", ""), partial(1, "", "")]
+    assert retracted_stable_words(bad) == 2 + 1
+
+
+def test_unstable_churn_counts_replaced_unstable_words() -> None:
+    messages = [
+        partial(0, "", "the cat sat"),
+        partial(0, "the", "cat sat on"),  # nothing replaced
+        partial(0, "the", "hat"),  # "cat" replaced, "sat" and "on" gone
+        partial(1, "", "other"),  # another segment: no churn with segment 0
+    ]
+    assert unstable_churn(messages) == 3
+
+
+def test_wer_alignment() -> None:
+    counts = align(["a", "b", "c", "d"], ["a", "x", "c", "d", "e"])
+    assert (counts.substitutions, counts.deletions, counts.insertions) == (1, 0, 1)
+    assert counts.wer == pytest.approx(0.5)
+    assert word_errors("Hello, World!", "hello world").errors == 0
+
+
+def test_whisperlive_segments_become_partials_and_finals() -> None:
+    trace = Trace()
+    trace.record_sent(0.1, 100)
+    translator = SegmentTranslator(trace)
+    seg = {"start": "0.000", "end": "1.500", "text": " Hello there", "completed": False}
+    translator.feed(1.0, [seg])
+    done = dict(seg, completed=True)
+    nxt = {"start": "1.600", "end": "2.000", "text": " and", "completed": False}
+    translator.feed(2.0, [done, nxt])
+    translator.feed(2.5, [done, dict(nxt, end="2.400", text=" and more")])  # re-sent, not new
+    translator.close(3.0)
+    kinds = [
+        (m["type"], m.get("segment"), m.get("text", m.get("unstable"))) for m in trace.messages
+    ]
+    assert kinds == [
+        ("partial", 0, "Hello there"),
+        ("final", 0, "Hello there"),
+        ("partial", 1, "and"),
+        ("partial", 1, "and more"),
+        ("final", 1, "and more"),
+        ("done", None, None),
+    ]
+    assert trace.messages[4]["trailing"] and trace.messages[1]["end_ms"] == 1500

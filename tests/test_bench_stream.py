@@ -1,0 +1,52 @@
+"""One short `captiond bench stream` run end to end: real model, in-process daemon, JSON schema.
+
+No timing is asserted: only that every figure is there, with the right type.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from captiond.cli import main
+
+pytestmark = pytest.mark.model
+CLIPS = "ljspeech_LJ001-0002,speechocean762_test_014080103,bird_robin_inspectorj"
+PER_CLIP = {
+    "text": str,
+    "words": int,
+    "partial_lag_ms": dict,
+    "final_latency_ms": dict,
+    "retracted_stable_words": int,
+    "unstable_churn_words": int,
+    "last_final_before_done": bool,
+    "tail_words_missing_vs_offline": int,
+    "decode_requests_per_audio_s": float,
+}
+
+
+def test_bench_stream_writes_the_figures(speech_dir: Path, tmp_path: Path) -> None:
+    argv = ["bench", "stream", "--clips", CLIPS, "--speed", "4", "--out", str(tmp_path)]
+    argv += ["--manifest", str(speech_dir / "manifest.jsonl"), "--engine", "faster-whisper"]
+    assert main(argv) == 0
+    (path,) = tmp_path.glob("stream-*.json")
+    assert path.with_suffix(".png").is_file()
+    data = json.loads(path.read_text())
+    assert {"machine", "engine", "config", "clips", "offline", "captiond"} <= set(data)
+    assert data["machine"]["cpu_count"] >= 1 and data["machine"]["versions"]["captiond"]
+    assert [c["id"] for c in data["clips"]] == CLIPS.split(",")
+    ours = data["captiond"]
+    for clip_id in CLIPS.split(","):
+        figures = ours["clips"][clip_id]
+        for key, kind in PER_CLIP.items():
+            assert isinstance(figures[key], kind), key
+        assert set(figures["final_latency_ms"]) == {"count", "p50", "p95", "max"}
+        assert isinstance(data["offline"]["clips"][clip_id]["text"], str)
+    assert ours["clips"]["bird_robin_inspectorj"]["words"] == 0
+    assert ours["overall"]["retracted_stable_words"] == 0
+    assert ours["overall"]["all_finals_before_done"] is True
+    assert (
+        0 <= ours["overall"]["wer_exact_refs"] <= data["offline"]["overall"]["wer_exact_refs"] + 0.1
+    )

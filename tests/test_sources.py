@@ -1,0 +1,378 @@
+"""Daemon-captured sources: viewers, backlog, device loss and shutdown with a scripted input and
+the fake engine; then the real thing, a PulseAudio virtual microphone captured by the daemon
+(`serve --source`) and by `captiond-client mic` at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import read_wav_int16
+from daemon_harness import make_config, running_daemon, tone_bursts, url
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from captiond.bench.wer import word_errors
+from captiond.broadcast import Broadcast
+from captiond.config import SourceConfig
+from captiond.errors import OverloadedError
+from captiond.protocol import Final, SourceStatus
+
+Message = dict[str, Any]
+
+
+class ScriptedInput:
+    """An AudioInput fed by the test: blocks from a queue; None makes the device vanish; the
+    first `fail_opens` opens fail as a missing device would."""
+
+    def __init__(self, fail_opens: int = 0) -> None:
+        self.queue: asyncio.Queue[tuple[int, np.ndarray] | None] = asyncio.Queue()
+        self.fail_opens = fail_opens
+
+    async def __call__(self, source: SourceConfig) -> AsyncIterator[tuple[int, np.ndarray]]:
+        if self.fail_opens:
+            self.fail_opens -= 1
+            raise OSError(f"no input device matches {source.device!r}")
+        while (item := await self.queue.get()) is not None:
+            yield item
+            await asyncio.sleep(0.01)  # 10x real time, so that partials are due
+        raise OSError("the input stream stopped")
+
+    def feed(self, pcm: np.ndarray, rate_hz: int = 16_000) -> None:
+        samples = pcm.astype(np.float32) / 32768
+        step = rate_hz // 10
+        for start in range(0, len(samples), step):
+            self.queue.put_nowait((rate_hz, samples[start : start + step]))
+
+
+def source_config(**values: Any) -> Any:
+    return dataclasses.replace(make_config(), sources=(SourceConfig(name="room", **values),))
+
+
+async def read_until(
+    conn: ClientConnection, done: Callable[[Message], bool], into: list[Message]
+) -> None:
+    async with asyncio.timeout(30):
+        while True:
+            message = json.loads(await conn.recv())
+            into.append(message)
+            if done(message):
+                return
+
+
+def texts(messages: list[Message]) -> list[str]:
+    return [m["text"] for m in messages if m["type"] == "final"]
+
+
+def test_viewers_get_live_captions_and_late_ones_the_backlog() -> None:
+    source = ScriptedInput()
+
+    async def scenario() -> None:
+        config = source_config(backlog_finals=2)
+        async with running_daemon(config, audio_input=source) as daemon:
+            watch = url(daemon, "/v1/captions", "source=room")
+            async with connect(watch) as early:
+                source.feed(tone_bursts([1.0, 1.5, 2.0]), rate_hz=16_000)
+                seen: list[Message] = []
+                await read_until(early, lambda m: len(texts(seen)) == 3, seen)
+                assert seen[0] == {
+                    "type": "source",
+                    "name": "room",
+                    "state": "capturing",
+                    "message": "capturing at 16000 Hz",
+                }
+                assert [m["segment"] for m in seen if m["type"] == "final"] == [0, 1, 2]
+                assert any(m["type"] == "partial" for m in seen)
+                async with connect(watch) as late:
+                    joined: list[Message] = []
+                    await read_until(late, lambda m: len(joined) == 3, joined)
+                    assert joined[0]["type"] == "source"
+                    assert texts(joined) == texts(seen)[1:]  # the backlog keeps the last two
+                    # A 48 kHz device is resampled; both viewers see the next final.
+                    up = np.repeat(tone_bursts([1.0]), 3)
+                    source.feed(up, rate_hz=48_000)
+                    more: list[Message] = []
+                    await read_until(late, lambda m: m["type"] == "final", more)
+                    await read_until(early, lambda m: m["type"] == "final", seen)
+                    assert more[0]["message"] == "capturing at 48000 Hz"
+                    assert texts(more) == texts(seen)[3:] and texts(more)[0]
+
+    asyncio.run(scenario())
+
+
+def test_unknown_source_is_an_error() -> None:
+    async def scenario() -> None:
+        async with running_daemon(source_config(), audio_input=ScriptedInput()) as daemon:
+            async with connect(url(daemon, "/v1/captions", "source=nope")) as conn:
+                error = json.loads(await conn.recv())
+                with contextlib.suppress(ConnectionClosed):
+                    await conn.recv()
+            assert error["code"] == "no_such_source" and "room" in error["message"]
+            assert conn.close_code == 1008
+
+    asyncio.run(scenario())
+
+
+def test_missing_and_vanishing_device_is_a_state_and_a_retry() -> None:
+    source = ScriptedInput(fail_opens=1)
+
+    async def scenario() -> None:
+        async with (
+            running_daemon(source_config(), audio_input=source) as daemon,
+            connect(url(daemon, "/v1/captions", "source=room")) as viewer,
+        ):
+            seen: list[Message] = []
+            await read_until(viewer, lambda m: m.get("state") == "waiting_for_device", seen)
+            assert "no input device" in seen[-1]["message"]
+            # Speech, then the device vanishes mid-utterance: the utterance is still decoded.
+            source.feed(tone_bursts([1.0, 2.0], gap_s=1.0)[: -16_000 * 2])
+            source.queue.put_nowait(None)
+            await read_until(viewer, lambda m: m.get("state") == "waiting_for_device", seen)
+            assert "stopped" in seen[-1]["message"]
+            source.feed(tone_bursts([1.0]))
+            await read_until(viewer, lambda m: len(texts(seen)) == 3, seen)
+            assert all(texts(seen))
+            assert daemon.sources["room"].state == "capturing"
+
+    asyncio.run(scenario())
+
+
+def test_shutdown_sends_the_last_final_then_stopped_then_1001() -> None:
+    source = ScriptedInput()
+
+    async def scenario() -> None:
+        async with running_daemon(source_config(), audio_input=source) as daemon:
+            async with connect(url(daemon, "/v1/captions", "source=room")) as viewer:
+                seen: list[Message] = []
+                source.feed(tone_bursts([2.0], gap_s=0.0))  # the utterance is still open
+                await read_until(viewer, lambda m: m["type"] == "speech_started", seen)
+                await daemon.shutdown(timeout_s=5)
+                with contextlib.suppress(ConnectionClosed):
+                    await read_until(viewer, lambda m: False, seen)
+            assert texts(seen) and texts(seen)[0]
+            kinds = [m["type"] for m in seen]
+            assert kinds.index("final") < len(kinds) - 1
+            assert seen[-1] == {
+                "type": "source",
+                "name": "room",
+                "state": "stopped",
+                "message": "the daemon is shutting down",
+            }
+            assert viewer.close_code == 1001
+
+    asyncio.run(scenario())
+
+
+class _StalledViewer:
+    """A connection whose peer never reads: sends block, nothing arrives."""
+
+    def __init__(self) -> None:
+        self.never = asyncio.Event()
+
+    async def send(self, text: str) -> None:
+        await self.never.wait()
+
+    def __aiter__(self) -> _StalledViewer:
+        return self
+
+    async def __anext__(self) -> str:
+        await self.never.wait()
+        raise StopAsyncIteration
+
+
+def test_a_viewer_that_falls_behind_is_dropped() -> None:
+    async def scenario() -> None:
+        broadcast = Broadcast(backlog_finals=5, viewer_queue_limit=3)
+        watcher = asyncio.create_task(broadcast.watch(_StalledViewer()))  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        assert broadcast.viewers == 1
+        for i in range(5):
+            broadcast.publish(Final(segment=i, start_ms=0, end_ms=1, text=f"w{i}"))
+        broadcast.publish(SourceStatus(name="x", state="capturing", message=""))
+        assert broadcast.viewers == 0
+        watcher.cancel()  # its first send never returns; the queue filled up behind it
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+        live = Broadcast(backlog_finals=5, viewer_queue_limit=3)
+        queue_full = asyncio.create_task(live.watch(_FastViewer()))  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        for i in range(4):
+            live.publish(Final(segment=i, start_ms=0, end_ms=1, text=f"w{i}"))
+        with pytest.raises(OverloadedError):
+            await queue_full
+
+    asyncio.run(scenario())
+
+
+class _FastViewer(_StalledViewer):
+    async def send(self, text: str) -> None:
+        return None
+
+
+# -- the real thing: PulseAudio as a virtual microphone ---------------------------------------
+
+CAPTIOND = [sys.executable, "-m", "captiond.cli"]
+CLIENT = [sys.executable, "-m", "captiond_client.cli"]
+CLIP = "ljspeech_LJ001-0001"
+
+
+@dataclasses.dataclass
+class VirtualMic:
+    env: dict[str, str]
+    fifo: Path
+
+
+@pytest.fixture
+def virtual_mic() -> Iterator[VirtualMic]:
+    """A private PulseAudio server whose default source is a FIFO the test writes to."""
+    if not (shutil.which("pulseaudio") and shutil.which("pactl")):
+        pytest.skip("pulseaudio/pactl not installed (.ci/run installs them)")
+    run_dir = Path(tempfile.mkdtemp(prefix="captiond-pa-", dir="/tmp"))  # short socket paths
+    home = run_dir / "home"
+    home.mkdir()
+    (home / ".asoundrc").write_text("pcm.!default { type pulse }\nctl.!default { type pulse }\n")
+    fifo = run_dir / "mic.fifo"  # module-pipe-source makes it
+    socket_path = run_dir / "native"
+    env = {
+        **os.environ,
+        "XDG_RUNTIME_DIR": str(run_dir),
+        "HOME": str(home),
+        "PULSE_SERVER": f"unix:{socket_path}",
+    }
+    subprocess.run(
+        ["pulseaudio", "-n", "--daemonize=yes", "--exit-idle-time=-1", "--use-pid-file=no",
+         "--disable-shm=yes", "-L", f"module-native-protocol-unix socket={socket_path} "
+         "auth-anonymous=1"],
+        env=env, check=True, timeout=30, capture_output=True,
+    )  # fmt: skip
+    try:
+        pactl = ["pactl", "load-module", "module-pipe-source", "source_name=virtual_mic"]
+        pactl += [f"file={fifo}", "format=s16le", "rate=16000", "channels=1"]
+        subprocess.run(pactl, env=env, check=True, timeout=30, capture_output=True)
+        subprocess.run(["pactl", "set-default-source", "virtual_mic"], env=env, check=True)
+        yield VirtualMic(env=env, fifo=fifo)
+    finally:
+        subprocess.run(["pactl", "exit"], env=env, timeout=30, check=False)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def play(fifo: Path, pcm: np.ndarray, go: threading.Event, stop: threading.Event) -> None:
+    """Write silence into the pipe at real time, the clip once `go` is set, then silence again
+    until `stop` (the pipe source neither paces its writer nor makes silence of its own)."""
+    chunk = 1_600
+    silence = np.zeros(chunk, dtype="<i2").tobytes()
+    fd = os.open(fifo, os.O_WRONLY)
+    try:
+        started = time.monotonic()
+        played = i = 0
+        while not stop.is_set():
+            data = silence
+            if go.is_set() and played < len(pcm):
+                data = pcm[played : played + chunk].tobytes().ljust(chunk * 2, b"\0")
+                played += chunk
+            os.write(fd, data)
+            i += 1
+            time.sleep(max(0.0, started + i * 0.1 - time.monotonic()))
+    finally:
+        os.close(fd)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_for_line(path: Path, needle: str, proc: subprocess.Popen[Any], limit_s: float) -> None:
+    deadline = time.monotonic() + limit_s
+    while needle not in path.read_text(errors="replace"):
+        assert proc.poll() is None, path.read_text(errors="replace")
+        assert time.monotonic() < deadline, path.read_text(errors="replace")
+        time.sleep(0.2)
+
+
+@pytest.mark.model
+def test_microphone_captions_reach_viewers_and_the_mic_client(
+    virtual_mic: VirtualMic, speech_dir: Path, speech_manifest: list[Message], tmp_path: Path
+) -> None:
+    clip = next(m for m in speech_manifest if m["id"] == CLIP)
+    pcm = np.concatenate([np.zeros(8_000, "<i2"), read_wav_int16(speech_dir / clip["file"])])
+    env = virtual_mic.env
+    devices = subprocess.run([*CAPTIOND, "devices"], env=env, capture_output=True, text=True)
+    assert devices.returncode == 0 and "default" in devices.stdout, devices.stderr
+
+    port = free_port()
+    daemon_log = tmp_path / "daemon.log"
+    client_log = tmp_path / "client.log"
+    serve = [*CAPTIOND, "serve", "--port", str(port), "--engine", "faster-whisper"]
+    serve += ["--device", "cpu", "--source", "room"]
+    go, stop_playing = threading.Event(), threading.Event()
+    player = threading.Thread(target=play, args=(virtual_mic.fifo, pcm, go, stop_playing))
+    player.start()
+    with daemon_log.open("w") as dlog, client_log.open("w") as clog:
+        daemon = subprocess.Popen(serve, env=env, stderr=dlog)
+        client: subprocess.Popen[str] | None = None
+        try:
+            wait_for_line(daemon_log, "ready: ws://", daemon, 180)
+            mic = [*CLIENT, "mic", "--url", f"ws://127.0.0.1:{port}/v1/stream", "--json"]
+            client = subprocess.Popen(mic, env=env, stdout=subprocess.PIPE, stderr=clog, text=True)
+            wait_for_line(client_log, "listening on", client, 60)
+
+            async def watch() -> list[Message]:
+                seen: list[Message] = []
+                async with connect(f"ws://127.0.0.1:{port}/v1/captions?source=room") as viewer:
+                    await read_until(viewer, lambda m: m.get("state") == "capturing", seen)
+                    go.set()
+                    clip_end = time.monotonic() + len(pcm) / 16_000
+                    # Messages until the clip has played and the daemon has been quiet a while.
+                    async with asyncio.timeout(clip["duration_s"] + 120):
+                        while True:
+                            try:
+                                async with asyncio.timeout(8):
+                                    seen.append(json.loads(await viewer.recv()))
+                            except TimeoutError:
+                                if time.monotonic() > clip_end:
+                                    return seen
+
+            seen = asyncio.run(watch())
+            client.send_signal(signal.SIGINT)
+            out, _ = client.communicate(timeout=60)
+            assert client.returncode == 0, client_log.read_text()
+        finally:
+            stop_playing.set()
+            player.join()
+            for proc in (client, daemon):
+                if proc is not None and proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            assert daemon.wait(timeout=60) == 0, daemon_log.read_text()
+
+    reference = clip["text"]
+    viewed = " ".join(texts(seen))
+    counts = word_errors(reference, viewed)
+    print(f"viewer: {viewed!r} WER {counts.wer:.3f}")
+    assert counts.wer <= 0.25, (viewed, reference)
+    assert any(m["type"] == "partial" for m in seen)
+    client_finals = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert client_finals[-1]["type"] == "done"
+    client_text = " ".join(texts(client_finals))
+    client_counts = word_errors(reference, client_text)
+    print(f"client: {client_text!r} WER {client_counts.wer:.3f}")
+    assert client_counts.wer <= 0.25, (client_text, reference)

@@ -1,0 +1,212 @@
+"""systemd: the shipped units are what install-service writes and pass `systemd-analyze verify`;
+a real `captiond serve` talks sd_notify to a socket the test binds (READY after warm-up, STATUS,
+WATCHDOG, STOPPING) and finalizes a live stream on SIGTERM before closing it with 1001."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import REPO_ROOT, read_wav_int16
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from captiond.systemd import DEFAULT_EXEC, EXAMPLE_CONFIG, UNIT_FILES, Notifier, render_unit
+
+CAPTIOND = [sys.executable, "-m", "captiond.cli"]
+
+
+def test_shipped_units_are_what_install_service_writes(tmp_path: Path) -> None:
+    for kind, name in UNIT_FILES.items():
+        assert (REPO_ROOT / "systemd" / name).read_text() == render_unit(kind), name
+        flag = {"system": [], "user": ["--user"], "template": ["--template"]}[kind]
+        printed = subprocess.run(
+            [*CAPTIOND, "install-service", *flag, "--print", "--exec", DEFAULT_EXEC],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert render_unit(kind) in printed and EXAMPLE_CONFIG in printed
+    assert (REPO_ROOT / "systemd" / "captiond.toml").read_text() == EXAMPLE_CONFIG
+
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path)}
+    install = [*CAPTIOND, "install-service", "--user", "--exec", DEFAULT_EXEC]
+    first = subprocess.run(install, env=env, capture_output=True, text=True, check=True)
+    unit = tmp_path / "systemd" / "user" / "captiond.service"
+    config = tmp_path / "captiond" / "captiond.toml"
+    assert unit.read_text() == render_unit("user") and config.read_text() == EXAMPLE_CONFIG
+    assert "systemctl --user enable --now captiond" in first.stdout
+    config.write_text("# mine\n")
+    second = subprocess.run(install, env=env, capture_output=True, text=True, check=True)
+    assert f"kept {config}" in second.stdout and config.read_text() == "# mine\n"
+
+
+def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze not installed (.ci/run installs systemd)")
+    captiond = shutil.which("captiond") or str(Path(sys.executable).parent / "captiond")
+    for kind, name in UNIT_FILES.items():
+        # verify checks that ExecStart exists: use this environment's captiond.
+        (tmp_path / name).write_text(render_unit(kind, captiond))
+        verify = [analyze, "verify", f"./{name}"]
+        run = subprocess.run(verify, cwd=tmp_path, capture_output=True, text=True)
+        assert run.returncode == 0 and not run.stderr.strip(), run.stderr
+
+
+def test_notifier_speaks_to_abstract_sockets_and_reads_the_watchdog() -> None:
+    name = f"captiond-test-{os.getpid()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
+        server.bind("\0" + name)
+        env = {"NOTIFY_SOCKET": "@" + name, "WATCHDOG_USEC": "3000000"}
+        notifier = Notifier(env)
+        notifier.send("READY=1", "STATUS=ok")
+        assert server.recv(4096) == b"READY=1\nSTATUS=ok"
+        notifier.close()
+    assert notifier.watchdog_s == 3.0
+    assert Notifier({**env, "WATCHDOG_PID": "1"}).watchdog_s is None  # meant for another pid
+    assert not Notifier({}).enabled
+
+
+# -- a real daemon under a pretend service manager -------------------------------------------
+
+
+class NotifyListener:
+    """The service manager's side of $NOTIFY_SOCKET: every datagram, in order."""
+
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.2)
+        self.messages: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                self.messages.extend(self.sock.recv(4096).decode().splitlines())
+
+    def wait_for(self, line: str, limit_s: float, proc: subprocess.Popen[Any] | None) -> int:
+        deadline = time.monotonic() + limit_s
+        while line not in self.messages:
+            assert proc is None or proc.poll() is None, "the daemon exited"
+            assert time.monotonic() < deadline, self.messages
+            time.sleep(0.05)
+        return self.messages.index(line)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+@pytest.fixture
+def notify(tmp_path: Path) -> Iterator[NotifyListener]:
+    listener = NotifyListener(tmp_path / "notify.sock")
+    yield listener
+    listener.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.mark.model
+def test_serve_notifies_and_finalizes_on_sigterm(
+    notify: NotifyListener,
+    tmp_path: Path,
+    speech_dir: Path,
+    speech_manifest: list[dict[str, Any]],
+) -> None:
+    clip = next(m for m in speech_manifest if m["id"] == "ljspeech_LJ001-0001")
+    pcm = read_wav_int16(speech_dir / clip["file"])
+    port = free_port()
+    env = {
+        **os.environ,
+        "NOTIFY_SOCKET": str(tmp_path / "notify.sock"),
+        "WATCHDOG_USEC": "2000000",
+    }
+    serve = [*CAPTIOND, "serve", "--port", str(port), "--engine", "faster-whisper"]
+    log_path = tmp_path / "daemon.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen([*serve, "--device", "cpu"], env=env, stderr=log)
+        try:
+            notify.wait_for("READY=1", 180, proc)
+            messages = asyncio.run(stream_until_sigterm(port, pcm, proc, notify))
+            assert proc.wait(timeout=60) == 0, log_path.read_text()
+            notify.wait_for("STOPPING=1", 10, None)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    ready = notify.messages.index("READY=1")
+    stopping = notify.messages.index("STOPPING=1")
+    between = notify.messages[ready:stopping]
+    assert between.count("WATCHDOG=1") >= 2, notify.messages
+    assert "STATUS=1 streams open, 1 served" in between, notify.messages
+    assert notify.messages[ready + 1].startswith("STATUS=0 streams open")
+
+    kinds = [m["type"] for m in messages]
+    assert kinds[0] == "ready"
+    last_partial = max(i for i, k in enumerate(kinds) if k == "partial")
+    finals = [m for m in messages[last_partial:] if m["type"] == "final"]
+    assert finals and finals[-1]["segment"] == messages[last_partial]["segment"]
+    assert finals[-1]["text"], messages
+    assert kinds[-1] == "close 1001", kinds
+
+
+async def stream_until_sigterm(
+    port: int, pcm: np.ndarray, proc: subprocess.Popen[Any], notify: NotifyListener
+) -> list[dict[str, Any]]:
+    """Stream speech at real time right after READY; SIGTERM the daemon mid-utterance and keep
+    sending audio until it closes the stream."""
+    messages: list[dict[str, Any]] = []
+    async with connect(f"ws://127.0.0.1:{port}/v1/stream") as conn:  # listening at READY=1
+
+        async def send() -> None:
+            for start in range(0, len(pcm), 1_600):
+                await conn.send(pcm[start : start + 1_600].tobytes())
+                await asyncio.sleep(0.1)
+
+        sender = asyncio.create_task(send())
+        signalled = False
+        try:
+            async with asyncio.timeout(120):
+                while True:
+                    message = json.loads(await conn.recv())
+                    messages.append(message)
+                    if (
+                        not signalled
+                        and message["type"] == "partial"
+                        and len(message["stable"].split()) >= 3  # well into the utterance
+                        and notify.messages.count("WATCHDOG=1") >= 2
+                        and "STATUS=1 streams open, 1 served" in notify.messages
+                    ):
+                        proc.send_signal(signal.SIGTERM)
+                        signalled = True
+        except ConnectionClosed:
+            messages.append({"type": f"close {conn.close_code}"})
+        finally:
+            sender.cancel()
+    assert signalled, messages
+    return messages
