@@ -98,7 +98,9 @@ class Page:
                 self._pending.pop(msg["id"]).set_result(msg)
             elif msg.get("method") == "Runtime.consoleAPICalled":
                 args = msg["params"]["args"]
-                self.console.append(" ".join(str(a.get("value", a.get("description"))) for a in args))
+                self.console.append(
+                    " ".join(str(a.get("value", a.get("description"))) for a in args)
+                )
             elif msg.get("method") == "Runtime.exceptionThrown":
                 self.console.append(str(msg["params"]["exceptionDetails"]))
 

@@ -52,7 +52,9 @@ def get(
         ("/style.css", "text/css; charset=utf-8", b".captions"),
     ],
 )
-def test_page_files_are_served_with_their_types(path: str, content_type: str, marker: bytes) -> None:
+def test_page_files_are_served_with_their_types(
+    path: str, content_type: str, marker: bytes
+) -> None:
     async def scenario() -> None:
         async with running_daemon() as daemon:
             status, headers, body = await asyncio.to_thread(get, daemon.port, path)
