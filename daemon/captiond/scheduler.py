@@ -12,12 +12,14 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from itertools import count
 
 from captiond.config import SchedulerConfig
 from captiond.engines import DecodeKind, Engine, EngineRequest, EngineResult
 from captiond.errors import EngineFailedError
+from captiond.session import StreamSession
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +127,26 @@ class InferenceScheduler:
             self.stats.requests += len(live)
             self.stats.busy_s += now - started
             self.stats.heartbeat_monotonic = now
+
+
+async def drive_session(
+    session: StreamSession,
+    submit: Callable[[EngineRequest], Awaitable[EngineResult]],
+    wake: asyncio.Event,
+    deliver: Callable[[], Awaitable[None]],
+) -> None:
+    """Run one session's decodes, one at a time, until it is done (event-loop thread).
+
+    `wake` is set by whoever feeds the session; `deliver` sends the messages it produced.
+    """
+    while not session.done:
+        request = session.next_request()
+        if request is None:
+            wake.clear()
+            await wake.wait()
+            continue
+        session.on_result(request, await submit(request.engine_request))
+        await deliver()
 
 
 def _set_result(future: asyncio.Future[EngineResult], result: EngineResult) -> None:

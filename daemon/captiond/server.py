@@ -39,7 +39,7 @@ from captiond.errors import (
     UnauthorizedError,
 )
 from captiond.protocol import Control, Error, Ready, parse_control, parse_stream_params
-from captiond.scheduler import InferenceScheduler
+from captiond.scheduler import InferenceScheduler, drive_session
 from captiond.session import SessionState, StreamSession
 from captiond.sources import AudioInput, daemon_sources, microphone
 from captiond.vad import Vad, webrtc_vad
@@ -284,17 +284,10 @@ class Daemon:
 
     async def _pump(self, conn: ServerConnection, live: _Live) -> None:
         """Run the session's decodes one at a time; close the connection once it is done."""
-        session = live.session
-        while not session.done:
-            request = session.next_request()
-            if request is None:
-                live.wake.clear()
-                await live.wake.wait()
-                continue
-            result = await self.scheduler.submit(request.engine_request)
-            session.on_result(request, result)
-            await _send_all(conn, session)
-        await _send_all(conn, session)
+        await drive_session(
+            live.session, self.scheduler.submit, live.wake, lambda: _send_all(conn, live.session)
+        )
+        await _send_all(conn, live.session)
         await conn.close(live.close_code)
 
 

@@ -18,10 +18,10 @@ from captiond import SAMPLE_RATE_HZ
 from captiond.audio import Resampler, Samples
 from captiond.broadcast import Broadcast
 from captiond.config import Config, SourceConfig
-from captiond.engines import EngineResult
+from captiond.engines import EngineRequest, EngineResult
 from captiond.errors import EngineFailedError
 from captiond.protocol import Control, Done, SourceStatus, StreamParams
-from captiond.scheduler import InferenceScheduler
+from captiond.scheduler import InferenceScheduler, drive_session
 from captiond.session import SessionState, StreamSession
 from captiond.vad import Vad
 
@@ -138,20 +138,18 @@ class DaemonSource:
 
     async def _pump(self) -> None:
         """Run the session's decodes one at a time until it is done (after `stop`)."""
-        session = self._session
-        while not session.done:
-            request = session.next_request()
-            if request is None:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
+
+        async def submit(request: EngineRequest) -> EngineResult:
             try:
-                result = await self._scheduler.submit(request.engine_request)
+                return await self._scheduler.submit(request)
             except EngineFailedError as exc:
                 log.error("source %s: decode failed, dropped: %s", self.name, exc)
-                result = _NOTHING
-            session.on_result(request, result)
+                return _NOTHING
+
+        async def deliver() -> None:
             self._publish_messages()
+
+        await drive_session(self._session, submit, self._wake, deliver)
 
 
 def daemon_sources(
