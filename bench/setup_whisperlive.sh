@@ -14,8 +14,8 @@ PIP=("$VENV/bin/pip" install --disable-pip-version-check --quiet)
 # faster-whisper as whisper-live pins it (its own deps: ctranslate2, tokenizers, onnxruntime,
 # av, huggingface_hub, tqdm); torch is only imported (CUDA probing, Silero VAD): the CPU build.
 "${PIP[@]}" "faster-whisper==1.2.0" requests "websockets>=13" "numpy<2.5" scipy fastapi uvicorn
-# The CPU build from PyTorch's index, else whatever torch the configured indexes offer.
-"${PIP[@]}" --no-deps --retries 1 --timeout 15 torch \
-  --index-url "${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" || "${PIP[@]}" --no-deps torch
+# torch==2.13.0 is the CPU build these machines carry locally; any other spec would pull
+# gigabytes of CUDA wheels.
+"${PIP[@]}" --no-deps "torch==2.13.0"
 "${PIP[@]}" filelock sympy networkx jinja2 fsspec typing-extensions
 "$VENV/bin/python" -c "import whisper_live.server, faster_whisper; print('whisper-live ready')"

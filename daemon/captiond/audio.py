@@ -43,7 +43,8 @@ def decode_pcm(data: bytes, encoding: str) -> Samples:
 
 
 def to_int16_bytes(samples: Samples) -> bytes:
-    return (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+    """The inverse of `decode_pcm` for pcm_s16le (x / 32768): int16 input comes back exact."""
+    return np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2").tobytes()
 
 
 class Resampler:

@@ -61,7 +61,9 @@ class StreamConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SchedulerConfig:
-    max_batch: int = 8
+    # Requests per engine call; 0: the engine's own choice (1 for faster-whisper on the CPU,
+    # where batching adds no throughput and only makes finals wait behind partials).
+    max_batch: int = 0
     max_wait_ms: int = 5
 
 

@@ -43,7 +43,7 @@ class SchedulerStats:
 class InferenceScheduler:
     def __init__(self, engine: Engine, config: SchedulerConfig) -> None:
         self._engine = engine
-        self._max_batch = max(1, config.max_batch)
+        self._max_batch = max(1, config.max_batch or engine.max_batch)
         self._max_wait_s = config.max_wait_ms / 1000
         self._pending: list[_Item] = []
         self._cond = threading.Condition()

@@ -47,4 +47,5 @@ def read_wav_16k_mono(path: Path) -> npt.NDArray[np.float32]:
 
 
 def to_pcm_s16le(samples: npt.NDArray[np.float32]) -> bytes:
-    return (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+    """The inverse of the daemon's decoding (x / 32768), so 16-bit audio arrives bit-exact."""
+    return np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2").tobytes()

@@ -19,6 +19,7 @@ from websockets.asyncio.client import connect
 from captiond.audio import samples_to_ms
 from captiond.bench.metrics import Trace
 from captiond_client.stream import stream_url
+from captiond_client.wavfile import to_pcm_s16le
 
 CHUNK_MS = 100
 _CHUNK_SAMPLES = 16_000 * CHUNK_MS // 1000
@@ -26,12 +27,6 @@ _CHUNK_SAMPLES = 16_000 * CHUNK_MS // 1000
 
 class BenchStreamError(RuntimeError):
     """The daemon ended a benchmark stream with an error or without `done`."""
-
-
-def exact_pcm_s16le(samples: npt.NDArray[np.float32]) -> bytes:
-    """The inverse of the daemon's s16 decoding (x / 32768), so a 16-bit WAV arrives bit-exact
-    and offline and streaming decode the same samples."""
-    return np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2").tobytes()
 
 
 async def send_paced(
@@ -69,7 +64,7 @@ async def stream_native(url: str, samples: npt.NDArray[np.float32], *, speed: fl
         receiver = asyncio.create_task(receive())
 
         async def send(chunk: npt.NDArray[np.float32]) -> None:
-            await conn.send(exact_pcm_s16le(chunk))
+            await conn.send(to_pcm_s16le(chunk))
 
         try:
             await send_paced(samples, speed, send, trace)

@@ -60,6 +60,11 @@ class Engine(Protocol):
     @property
     def model_name(self) -> str: ...
 
+    @property
+    def max_batch(self) -> int:
+        """The most requests worth decoding in one call (the scheduler's default limit)."""
+        ...
+
     def warmup(self) -> None:
         """Run one throw-away batch so the first real request is not slow (graph capture etc.)."""
 

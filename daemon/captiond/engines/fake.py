@@ -30,6 +30,10 @@ class FakeEngine:
     def model_name(self) -> str:
         return "fake"
 
+    @property
+    def max_batch(self) -> int:
+        return 8
+
     def warmup(self) -> None:
         """Nothing to warm."""
 
