@@ -205,6 +205,26 @@ def test_finals_are_requested_before_partials() -> None:
     assert second.utterance != first.utterance
 
 
+def test_a_final_due_supersedes_the_partial_in_flight() -> None:
+    driver = Driver()
+    session = driver.session
+    session.receive_audio(s16(silence(0.5)))
+    session.receive_audio(s16(tone(1.5)))
+    partial = session.next_request()
+    assert partial is not None and partial.kind is DecodeKind.PARTIAL
+    assert not session.final_due
+    session.receive_audio(s16(silence(1.0)))  # the utterance ends while the partial waits
+    assert session.final_due
+    session.abandon(partial)
+    final = session.next_request()
+    assert final is not None and final.kind is DecodeKind.FINAL
+    assert final.utterance == partial.utterance
+    session.on_result(final, driver.decoder(final.engine_request))
+    finals = [m for m in session.take_messages() if isinstance(m, Final)]
+    assert len(finals) == 1 and finals[0].text
+    assert not session.final_due
+
+
 def test_end_with_a_request_in_flight_waits_for_it() -> None:
     driver = Driver()
     session = driver.session

@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from itertools import count
+from typing import Any
 
 from captiond.config import SchedulerConfig
 from captiond.engines import DecodeKind, Engine, EngineRequest, EngineResult
@@ -145,8 +146,35 @@ async def drive_session(
             wake.clear()
             await wake.wait()
             continue
-        session.on_result(request, await submit(request.engine_request))
+        decode = asyncio.ensure_future(submit(request.engine_request))
+        try:
+            partial = request.kind is DecodeKind.PARTIAL
+            if partial and not await _unless_final_due(decode, session, wake):
+                # The utterance ended while its partial waited: the final makes the partial
+                # moot, and withdrawing it lets the final go now instead of after it.
+                session.abandon(request)
+                continue
+            result = await decode
+        finally:
+            # Withdrawn, or this pump was cancelled (the client left): the engine skips it.
+            decode.cancel()
+        session.on_result(request, result)
         await deliver()
+
+
+async def _unless_final_due(
+    decode: asyncio.Future[EngineResult], session: StreamSession, wake: asyncio.Event
+) -> bool:
+    """Wait for `decode`; False as soon as the session has a final due first."""
+    while not decode.done():
+        if session.final_due:
+            return False
+        wake.clear()
+        woken: asyncio.Future[Any] = asyncio.ensure_future(wake.wait())
+        waiting: tuple[asyncio.Future[Any], ...] = (decode, woken)
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        woken.cancel()
+    return True
 
 
 def _set_result(future: asyncio.Future[EngineResult], result: EngineResult) -> None:

@@ -162,6 +162,16 @@ class StreamSession:
             self._show_partial(self._open, request, text)
         self._maybe_done()
 
+    def abandon(self, request: DecodeRequest) -> None:
+        """Forget the partial in flight: its result will never come (a final superseded it)."""
+        assert request is self._in_flight and request.kind is DecodeKind.PARTIAL
+        self._in_flight = None
+
+    @property
+    def final_due(self) -> bool:
+        """An utterance has ended and waits for its final decode."""
+        return bool(self._closed)
+
     def take_messages(self) -> list[ServerMessage]:
         out, self._outbox = self._outbox, []
         return out
