@@ -11,7 +11,6 @@ import base64
 import contextlib
 import itertools
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import missing_tool
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
@@ -42,10 +42,7 @@ def chromium_or_skip() -> str:
     """The chromium binary; a missing one skips the test locally and fails it in CI."""
     path = shutil.which("chromium")
     if path is None:
-        message = "chromium is not installed (apt-get install chromium)"
-        if os.environ.get("CI"):
-            pytest.fail(f"{message}; CI must run the browser tests")
-        pytest.skip(message)
+        missing_tool("chromium is not installed (apt-get install chromium)")
     return path
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import wave
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import pytest
@@ -26,6 +27,13 @@ def speech_dir() -> Path:
 def speech_manifest(speech_dir: Path) -> list[dict[str, Any]]:
     with (speech_dir / "manifest.jsonl").open(encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+def missing_tool(message: str) -> NoReturn:
+    """A system tool a test needs is absent: skip locally, fail in CI (.ci/run installs it)."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{message}; CI must run this test (.ci/run installs it)")
+    pytest.skip(message)
 
 
 def read_wav_int16(path: Path) -> np.ndarray:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import read_wav_int16
+from conftest import missing_tool, read_wav_int16
 from daemon_harness import make_config, running_daemon, tone_bursts, url
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -243,7 +243,7 @@ class VirtualMic:
 def virtual_mic() -> Iterator[VirtualMic]:
     """A private PulseAudio server whose default source is a FIFO the test writes to."""
     if not (shutil.which("pulseaudio") and shutil.which("pactl")):
-        pytest.skip("pulseaudio/pactl not installed (.ci/run installs them)")
+        missing_tool("pulseaudio/pactl not installed (apt-get install pulseaudio pulseaudio-utils)")
     run_dir = Path(tempfile.mkdtemp(prefix="captiond-pa-", dir="/tmp"))  # short socket paths
     home = run_dir / "home"
     home.mkdir()

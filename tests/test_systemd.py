@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, read_wav_int16
+from conftest import REPO_ROOT, missing_tool, read_wav_int16
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
@@ -58,7 +58,7 @@ def test_shipped_units_are_what_install_service_writes(tmp_path: Path) -> None:
 def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
-        pytest.skip("systemd-analyze not installed (.ci/run installs systemd)")
+        missing_tool("systemd-analyze not installed (apt-get install systemd)")
     captiond = shutil.which("captiond") or str(Path(sys.executable).parent / "captiond")
     for kind, name in UNIT_FILES.items():
         # verify checks that ExecStart exists: use this environment's captiond.

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 import captiond
-from captiond.models import resolve_model
+from captiond.models import model_display_name, resolve_model
 
 SAMPLE_RATE_HZ = 16_000
 SYNTHETIC_AUDIO_S = 10.0
@@ -179,7 +179,7 @@ def run_engine_bench(args: argparse.Namespace) -> dict[str, Any]:
             "batches": batches,
             "steps": steps,
             "random_weights": args.random_weights,
-            "model": str(model_path),
+            "model": model_display_name(model_path),
             "audio": audio_name,
             "audio_s": audio.size / SAMPLE_RATE_HZ,
         },
