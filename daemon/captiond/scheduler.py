@@ -35,9 +35,7 @@ class _Item:
 
 @dataclass(slots=True)
 class SchedulerStats:
-    batches: int = 0
     requests: int = 0
-    busy_s: float = 0.0
     heartbeat_monotonic: float = field(default_factory=time.monotonic)
 
 
@@ -79,11 +77,6 @@ class InferenceScheduler:
             self._cond.notify()
         return await future
 
-    @property
-    def queued(self) -> int:
-        with self._cond:
-            return len(self._pending)
-
     # -- engine thread -----------------------------------------------------------------------
 
     def _take_batch(self) -> list[_Item] | None:
@@ -112,7 +105,6 @@ class InferenceScheduler:
             live = [item for item in batch if not item.future.cancelled()]
             if not live:
                 continue
-            started = time.monotonic()
             try:
                 results = self._engine.transcribe_batch([item.request for item in live])
             except Exception as exc:  # the engine's failure fails this batch, not the daemon
@@ -123,11 +115,8 @@ class InferenceScheduler:
             else:
                 for item, result in zip(live, results, strict=True):
                     item.loop.call_soon_threadsafe(_set_result, item.future, result)
-            now = time.monotonic()
-            self.stats.batches += 1
             self.stats.requests += len(live)
-            self.stats.busy_s += now - started
-            self.stats.heartbeat_monotonic = now
+            self.stats.heartbeat_monotonic = time.monotonic()
 
 
 async def drive_session(

@@ -30,7 +30,6 @@ from captiond.config import Config
 from captiond.errors import (
     BadAudioError,
     BadMessageError,
-    CaptiondError,
     EngineFailedError,
     FrameTooLargeError,
     OverloadedError,
@@ -311,6 +310,3 @@ async def run_daemon(
         await (stop or asyncio.Event()).wait()
     finally:
         await daemon.shutdown()
-
-
-__all__ = ["CLOSE_CODES", "CaptiondError", "Daemon", "close_code_for", "run_daemon"]

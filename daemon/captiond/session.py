@@ -46,7 +46,6 @@ from captiond.vad import UtteranceEnd, UtteranceStart, Vad, VadEvent, VadSegment
 # Audio kept behind the stream's end while no utterance is open: the segmenter may open one
 # up to pre-roll + start window before the current frame.
 _KEEP_BEHIND_MS = 2_000
-_request_ids = count()
 
 
 class SessionState(enum.Enum):
@@ -59,7 +58,6 @@ class SessionState(enum.Enum):
 class DecodeRequest:
     """A decode the session wants, with the span of stream audio it covers."""
 
-    id: int
     utterance: int
     start_sample: int
     end_sample: int
@@ -232,7 +230,6 @@ class StreamSession:
 
     def _request(self, utt: _Utterance, kind: DecodeKind, end: int, beam: int) -> DecodeRequest:
         return DecodeRequest(
-            id=next(_request_ids),
             utterance=utt.index,
             start_sample=utt.start_sample,
             end_sample=end,

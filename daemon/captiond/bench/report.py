@@ -165,13 +165,26 @@ class Progress:
         )
 
 
-def plot_cdfs(path: Path, title: str, series: Mapping[str, Sequence[float]]) -> None:
-    """One panel per figure name prefix (before ': '), one CDF line per series, in seconds."""
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the file-only backend (no display here or under systemd)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _save(plt: Any, fig: Any, path: Path, title: str) -> None:
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_cdfs(path: Path, title: str, series: Mapping[str, Sequence[float]]) -> None:
+    """One panel per figure name prefix (before ': '), one CDF line per series, in seconds."""
+    plt = _pyplot()
     panels = sorted({name.split(": ", 1)[0] for name in series})
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
     for ax, panel in zip(axes[0], panels, strict=True):
@@ -183,21 +196,14 @@ def plot_cdfs(path: Path, title: str, series: Mapping[str, Sequence[float]]) -> 
         ax.set(title=panel, xlabel="seconds", ylabel="fraction ≤ x")
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path, title)
 
 
 def plot_capacity(
     path: Path, title: str, series: dict[str, list[tuple[int, float | None, float | None]]]
 ) -> None:
     """p95 partial lag and p95 final latency (seconds) against concurrent streams."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for name, points in series.items():
         for ax, index in zip(axes, (1, 2), strict=True):
@@ -207,7 +213,4 @@ def plot_capacity(
         ax.set(title=what, xlabel="concurrent real-time streams", ylabel="seconds")
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path, title)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -48,7 +48,6 @@ class EngineResult:
     avg_logprob: float = 0.0
     no_speech_prob: float = 0.0
     compression_ratio: float = 1.0
-    words: tuple[str, ...] = field(default=())
 
 
 class Engine(Protocol):
