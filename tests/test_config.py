@@ -49,7 +49,9 @@ def test_defaults_match_design() -> None:
     assert config.stream.partial_interval_ms == 500
     assert config.stream.max_utterance_s == pytest.approx(20.0)
     assert config.stream.max_utterance_s < 30.0
-    assert config.stream.prompt_chars == 200
+    assert config.stream.prompt_chars == 600
+    assert config.stream.context_s == pytest.approx(30.0)
+    assert config.stream.final_beam_size == 5
     assert config.stream.compression_ratio_threshold == pytest.approx(2.4)
     assert config.scheduler == SchedulerConfig()
     assert config.engine.name == "auto"
@@ -211,11 +213,17 @@ def test_dump_toml_round_trips_changed_values(tmp_path: Path) -> None:
 _printable_text = st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs")), max_size=20)
 
 
+# Values a section checks (config._check_stream): any value within its range.
+_RANGED = {"context_s", "partial_context_s", "max_utterance_s"}
+
+
 def _section_strategy(cls: type[Any]) -> st.SearchStrategy[Any]:
     fields: dict[str, st.SearchStrategy[Any]] = {}
     for f in dataclasses.fields(cls):
         default = f.default
-        if isinstance(default, bool):
+        if f.name in _RANGED:
+            fields[f.name] = st.floats(min_value=0.0, max_value=30.0)
+        elif isinstance(default, bool):
             fields[f.name] = st.booleans()
         elif isinstance(default, int):
             fields[f.name] = st.integers(min_value=-(2**62), max_value=2**62)
@@ -255,3 +263,11 @@ def test_dump_toml_round_trips_control_characters(tmp_path: Path, escape: str) -
     assert "line1" in config.auth.token
     again = load_config(_write(tmp_path, dump_toml(config)))
     assert again == config
+
+
+@pytest.mark.parametrize(
+    "table", [{"context_s": 31.0}, {"partial_context_s": -1.0}, {"max_utterance_s": 45.0}]
+)
+def test_windows_longer_than_whisper_are_refused(table: dict[str, float]) -> None:
+    with pytest.raises(ConfigError, match=r"\[stream\]"):
+        config_from_mapping({"stream": table})

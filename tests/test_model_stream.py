@@ -1,7 +1,8 @@
 """The real model on real speech, through the real daemon (webrtcvad, scheduler, websockets).
 
-Streaming must be as accurate as offline transcription of the same audio, stay silent on
-non-speech, and give the same finals whether sessions run alone or side by side.
+Streaming must be as accurate as `captiond transcribe` of the same audio, with either engine,
+and give the same finals whether sessions run alone or side by side. Accuracy against the
+whole-file reference and silence on non-speech are in test_accuracy.py.
 """
 
 from __future__ import annotations
@@ -91,26 +92,6 @@ def test_streaming_wer_matches_offline(
     print(f"WER streaming {total_stream.wer:.4f} offline {total_offline.wer:.4f}")
     assert total_offline.wer < 0.25, "the model itself is far off: wrong features or prompt?"
     assert total_stream.wer <= total_offline.wer + 0.01
-
-
-def test_nonspeech_gives_no_final_words(
-    speech_dir: Path, speech_manifest: list[dict[str, Any]], engine_config: Config, engine: Engine
-) -> None:
-    clips = [m for m in speech_manifest if m["kind"] == "nonspeech"]
-    assert clips
-
-    async def stream_all() -> list[tuple[str, str]]:
-        async with running_daemon(engine_config, engine=engine, vad_factory=None) as daemon:
-            found = []
-            for m in clips:
-                pcm = read_wav_int16(speech_dir / m["file"])
-                ex = await stream_pcm(url(daemon), pcm, chunk_samples=8000)
-                check_invariants(ex)
-                found.append((m["id"], finals_text(ex.messages)))
-            return found
-
-    words = {clip: text for clip, text in asyncio.run(stream_all()) if text}
-    assert words == {}
 
 
 def test_concurrent_sessions_give_the_same_finals(

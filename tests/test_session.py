@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from captiond.audio import Samples
 from captiond.config import Config, StreamConfig
@@ -29,6 +31,8 @@ from captiond.session import DecodeRequest, SessionState, StreamSession
 
 RATE = 16_000
 CHUNK_MS = 100
+# Every utterance decoded alone: older finals reach the decode through the prompt only.
+NO_CONTEXT = StreamConfig(context_s=0)
 
 Decoder = Callable[[EngineRequest], EngineResult]
 
@@ -364,9 +368,17 @@ def test_session_passes_language_to_the_engine() -> None:
 # -- hallucination filter ---------------------------------------------------------------------
 
 
+def after_prefix(request: EngineRequest, result: EngineResult) -> EngineResult:
+    """A scripted whole-utterance result as an engine returns it: the words after the prefix."""
+    words, forced = result.text.split(), request.prefix.split()
+    if words[: len(forced)] != forced:
+        return result
+    return dataclasses.replace(result, text=" ".join(words[len(forced) :]))
+
+
 def scripted(results: dict[DecodeKind, EngineResult]) -> Decoder:
     def decode(request: EngineRequest) -> EngineResult:
-        return results[request.kind]
+        return after_prefix(request, results[request.kind])
 
     return decode
 
@@ -399,15 +411,34 @@ def test_dropped_only_decode_leaves_no_trace(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(HALLUCINATIONS))
-def test_dropped_final_after_a_partial_is_an_empty_final(name: str) -> None:
+def test_dropped_final_after_a_partial_keeps_only_the_stable_words(name: str) -> None:
+    # A final is still sent for a segment that showed partials; what was promised as stable
+    # stays, the rest of the dropped decode goes (empty text when nothing was stable).
     driver = Driver(scripted({DecodeKind.PARTIAL: GOOD, DecodeKind.FINAL: HALLUCINATIONS[name]}))
     one_short_utterance(driver)
     partials = driver.of(Partial)
     assert partials and partials[0].segment == 0
+    assert partials[-1].stable == "hello"
     assert driver.of(Final) == [
-        Final(segment=0, start_ms=partials[0].start_ms, end_ms=driver.of(Final)[0].end_ms, text="")
+        Final(
+            segment=0,
+            start_ms=partials[0].start_ms,
+            end_ms=driver.of(Final)[0].end_ms,
+            text="hello",
+        )
     ]
     assert driver.messages[-1] == Done(audio_ms=2700, segments=1)
+
+
+@pytest.mark.parametrize("name", sorted(HALLUCINATIONS))
+def test_dropped_final_without_stable_words_is_an_empty_final(name: str) -> None:
+    one_word = EngineResult(text="hello", avg_logprob=-0.2, no_speech_prob=0.05)
+    driver = Driver(
+        scripted({DecodeKind.PARTIAL: one_word, DecodeKind.FINAL: HALLUCINATIONS[name]})
+    )
+    one_short_utterance(driver)
+    assert driver.of(Partial)[-1].stable == ""
+    assert [f.text for f in driver.of(Final)] == [""]
 
 
 @pytest.mark.parametrize("name", sorted(HALLUCINATIONS))
@@ -485,7 +516,7 @@ def test_final_requests_use_the_configured_beam() -> None:
 
 
 def test_prompt_carries_the_previous_finals() -> None:
-    driver = Driver()
+    driver = Driver(stream=NO_CONTEXT)
     two_utterances(driver)
     driver.send(tone(1.5))
     driver.send(silence(1.0))
@@ -508,7 +539,7 @@ def test_prompt_is_the_tail_of_the_finals() -> None:
     def decode(request: EngineRequest) -> EngineResult:
         return EngineResult(text=next(texts))
 
-    driver = Driver(decode, partials=False, stream=StreamConfig(prompt_chars=50))
+    driver = Driver(decode, partials=False, stream=StreamConfig(prompt_chars=50, context_s=0))
     for _ in range(3):
         driver.send(np.concatenate([silence(0.5), tone(1.0), silence(1.0)]))
     driver.control(Control.END)
@@ -534,7 +565,7 @@ def test_prompt_never_starts_with_a_cut_word(history: list[str], prompt_chars: i
     def decode(request: EngineRequest) -> EngineResult:
         return EngineResult(text=next(texts))
 
-    stream = StreamConfig(prompt_chars=prompt_chars)
+    stream = StreamConfig(prompt_chars=prompt_chars, context_s=0)
     driver = Driver(decode, partials=False, stream=stream)
     for _ in range(len(history) + 1):
         driver.send(np.concatenate([silence(0.5), tone(1.0), silence(1.0)]))
@@ -558,7 +589,7 @@ def test_no_prompt_when_disabled() -> None:
 
 
 def test_requests_cover_their_utterance_from_its_start() -> None:
-    driver = Driver()
+    driver = Driver(stream=NO_CONTEXT)
     two_utterances(driver)
     driver.control(Control.END)
     for r in driver.requests:
@@ -604,3 +635,99 @@ def test_config_is_not_mutated() -> None:
     config = Config()
     StreamSession(config=config, vad=LevelVad(), params=StreamParams())
     assert dataclasses.asdict(config) == dataclasses.asdict(Config())
+
+
+# -- decode context and the stable promise -----------------------------------------------------
+
+
+def test_a_decode_continues_from_the_previous_finals_audio_and_text() -> None:
+    driver = Driver()
+    two_utterances(driver)
+    driver.control(Control.END)
+    first, second = (f.text for f in driver.of(Final))
+    by_utterance: dict[int, list[DecodeRequest]] = {}
+    for r in driver.requests:
+        by_utterance.setdefault(r.utterance, []).append(r)
+    u0, u1 = (by_utterance[u] for u in sorted(by_utterance))
+    final0 = u0[-1]
+    for r in u1:
+        # The window starts where the first utterance did; its final is the forced prefix.
+        assert len(r.engine_request.audio) == r.end_sample - final0.start_sample
+        assert r.engine_request.prefix.split()[: len(first.split())] == first.split()
+        assert r.engine_request.prompt == ""
+    # The fake engine numbers words from the window's start: the second final continues after
+    # the first one's words and the silence between them.
+    assert int(second.split()[0][1:]) > int(first.split()[-1][1:]) + 1
+
+
+def test_partials_reach_back_less_far_than_finals() -> None:
+    stream = StreamConfig(partial_context_s=1.0)
+    driver = Driver(stream=stream)
+    two_utterances(driver)
+    driver.control(Control.END)
+    second = [r for r in driver.requests if r.utterance == driver.requests[-1].utterance]
+    partials = [r for r in second if r.kind is DecodeKind.PARTIAL]
+    assert partials and all(r.engine_request.prefix == " ".join(r.forced_words) for r in partials)
+    assert second[-1].engine_request.prefix != " ".join(second[-1].forced_words)
+
+
+def test_stable_words_are_forced_into_later_decodes() -> None:
+    driver = Driver(stream=NO_CONTEXT)
+    driver.send(np.concatenate([silence(0.5), tone(3.0), silence(1.0)]))
+    driver.control(Control.END)
+    stable = ""
+    for r in driver.requests:
+        assert r.engine_request.prefix == " ".join(r.forced_words)
+        assert " ".join(r.forced_words).startswith(stable)
+        stable = " ".join(r.forced_words)
+    assert stable, "the final request carried the stable words"
+    assert driver.of(Final)[0].text.startswith(stable)
+
+
+def test_a_word_split_across_the_commit_point_keeps_the_stable_word() -> None:
+    # Whisper may extend the last forced word ("fellow" -> "fellows"): the continuation
+    # "s Americans" is kept as words after it, and "fellow" stays what it was promised to be.
+    def decode(request: EngineRequest) -> EngineResult:
+        if request.kind is DecodeKind.FINAL:
+            assert request.prefix == "And so my fellow"
+            return EngineResult(text="s Americans")
+        return after_prefix(request, EngineResult(text="And so my fellow Americans"))
+
+    driver = Driver(decode, stream=NO_CONTEXT)
+    driver.send(np.concatenate([silence(0.5), tone(2.5), silence(1.0)]))
+    driver.control(Control.END)
+    stable = driver.of(Partial)[-1].stable
+    assert stable == "And so my fellow"
+    assert driver.of(Final)[0].text == "And so my fellow s Americans"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_no_final_contradicts_its_stable_words(data: st.DataObject) -> None:
+    """Whatever an engine answers, every final starts with its segment's last stable words."""
+    vocabulary = ["yes", "no", "the", "cat", "sat", "Thank", "you.", "okay"]
+
+    def decode(request: EngineRequest) -> EngineResult:
+        words = data.draw(st.lists(st.sampled_from(vocabulary), max_size=6))
+        score = data.draw(st.sampled_from([-0.2, -2.0]))
+        return EngineResult(text=" ".join(words), avg_logprob=score, no_speech_prob=0.1)
+
+    driver = Driver(decode)
+    for seconds in data.draw(st.lists(st.sampled_from([0.8, 1.7, 3.1]), min_size=1, max_size=3)):
+        driver.send(np.concatenate([tone(seconds), silence(1.0)]))
+    driver.control(Control.END)
+    finals = {f.segment: f.text.split() for f in driver.of(Final)}
+    for partial in driver.of(Partial):
+        stable = partial.stable.split()
+        assert finals[partial.segment][: len(stable)] == stable
+
+
+def test_context_audio_is_kept_and_then_released() -> None:
+    driver = Driver()
+    for _ in range(20):
+        driver.send(np.concatenate([tone(1.5), silence(1.5)]))
+    assert driver.session._buffer.end_sample - driver.session._buffer._offset <= 33 * RATE
+    driver.control(Control.END)
+    assert len(driver.of(Final)) == 20
+    for r in driver.requests:
+        assert len(r.engine_request.audio) <= 30 * RATE

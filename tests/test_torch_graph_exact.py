@@ -41,7 +41,9 @@ def _read_wav(path: Path) -> npt.NDArray[np.float32]:
 def clips(speech_dir: Path, speech_manifest: list[dict[str, Any]]) -> list[EngineRequest]:
     """Utterances spread over every source, two non-speech clips, two 25-s long-clip windows.
 
-    Every third request carries the previous utterance's reference text as its prompt.
+    Every third request carries the previous utterance's reference text as its prompt; every
+    third, starting with the second, its own first words as a forced prefix (as a decode with
+    context or stable words does), one of them together with a prompt; one long window too.
     """
     utterances = [e for e in speech_manifest if e["kind"] == "utterance" and e["duration_s"] <= 30]
     stride = max(1, len(utterances) // N_UTTERANCES)
@@ -49,14 +51,22 @@ def clips(speech_dir: Path, speech_manifest: list[dict[str, Any]]) -> list[Engin
     chosen += [e for e in speech_manifest if e["kind"] == "nonspeech"][:N_NONSPEECH]
     requests = []
     for i, entry in enumerate(chosen):
-        prompt = chosen[i - 1]["text"][:200] if i % 3 == 2 else ""
+        prompt = chosen[i - 1]["text"][:200] if i % 3 == 2 or i == 4 else ""
+        prefix = " ".join(entry["text"].split()[:5]) if i % 3 == 1 else ""
         audio = _read_wav(speech_dir / entry["file"])[: 30 * 16_000]
-        requests.append(EngineRequest(audio=audio, kind=DecodeKind.FINAL, prompt=prompt))
+        requests.append(
+            EngineRequest(audio=audio, kind=DecodeKind.FINAL, prompt=prompt, prefix=prefix)
+        )
     long_entry = next(e for e in speech_manifest if e["kind"] == "long" and e["duration_s"] > 90)
     long_audio = _read_wav(speech_dir / long_entry["file"])
     for start_s, end_s in LONG_WINDOWS_S:
         window = long_audio[int(start_s * 16_000) : int(end_s * 16_000)]
         requests.append(EngineRequest(audio=window, kind=DecodeKind.FINAL))
+    # The first window again, with the text of its first seconds forced.
+    first_words = " ".join(long_entry["text"].split()[:12])
+    requests.append(
+        EngineRequest(audio=requests[-2].audio, kind=DecodeKind.FINAL, prefix=first_words)
+    )
     return requests
 
 
@@ -89,13 +99,16 @@ def _reference_features(model: Any, audio: npt.NDArray[np.float32]) -> npt.NDArr
     return padded
 
 
-def _reference_decode(model: Any, request: EngineRequest) -> Any:
+def _reference_decode(model: Any, request: EngineRequest) -> tuple[Any, int]:
+    """CTranslate2's result for the request, and how many prefix tokens start its sequence."""
     from faster_whisper.tokenizer import Tokenizer
     from faster_whisper.transcribe import get_suppressed_tokens
 
     tokenizer = Tokenizer(model.hf_tokenizer, model.model.is_multilingual, "transcribe", "en")
     previous = tokenizer.encode(" " + request.prompt.strip()) if request.prompt.strip() else []
-    prompt = model.get_prompt(tokenizer, previous, without_timestamps=True)
+    prefix = request.prefix or None
+    prompt = model.get_prompt(tokenizer, previous, without_timestamps=True, prefix=prefix)
+    n_prefix = len(tokenizer.encode(" " + request.prefix.strip())) if prefix else 0
     # faster-whisper's default suppress_tokens=[-1] resolved, plus -1 for config.json's list.
     suppress = [-1, *get_suppressed_tokens(tokenizer, [-1])]
     encoded = model.encode(_reference_features(model, request.audio)[None])
@@ -108,7 +121,7 @@ def _reference_decode(model: Any, request: EngineRequest) -> Any:
         return_no_speech_prob=True,
         suppress_blank=True,
         suppress_tokens=suppress,
-    )[0]
+    )[0], n_prefix
 
 
 def test_log_mel_matches_faster_whisper(
@@ -128,13 +141,15 @@ def test_greedy_tokens_identical_to_faster_whisper(
 ) -> None:
     mismatches = []
     for i, (request, ours) in enumerate(zip(clips, singles, strict=True)):
-        theirs = _reference_decode(faster_whisper_model, request)
-        tokens = list(theirs.sequences_ids[0])
+        theirs, n_prefix = _reference_decode(faster_whisper_model, request)
+        sequence = list(theirs.sequences_ids[0])
+        tokens = sequence[n_prefix:]
         if list(ours.tokens) != tokens:
             mismatches.append(i)
             continue
-        # faster-whisper: avg_logprob = score * len / (len + 1) for length_penalty 1.
-        avg_logprob = theirs.scores[0] * len(tokens) / (len(tokens) + 1)
+        # faster-whisper: avg_logprob = score * len / (len + 1) for length_penalty 1; the score
+        # is normalised over the whole sequence, ours counts the generated tokens only.
+        avg_logprob = theirs.scores[0] * len(sequence) / (len(tokens) + 1)
         assert ours.avg_logprob == pytest.approx(avg_logprob, abs=1e-3)
         assert ours.no_speech_prob == pytest.approx(theirs.no_speech_prob, abs=1e-3)
     print(f"{len(clips) - len(mismatches)}/{len(clips)} clips token-identical")

@@ -15,6 +15,8 @@ from typing import Any, get_type_hints
 
 from captiond.errors import ConfigError
 
+WHISPER_WINDOW_S = 30.0
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServerConfig:
@@ -44,8 +46,19 @@ class StreamConfig:
     max_utterance_s: float = 20.0
     # Where a long utterance may be cut: the quietest frame of this last stretch.
     cut_search_s: float = 3.0
-    prompt_chars: int = 200
-    final_beam_size: int = 1
+    # Decode context (context.py): a decode's window reaches back over earlier finals, whose
+    # text is forced as the prefix, as far as `context_s` of audio (finals; Whisper's window is
+    # 30 s) or `partial_context_s` (partials: a longer window costs every partial its encode) and
+    # `context_chars` of text allow. 0 decodes every utterance alone.
+    context_s: float = 30.0
+    partial_context_s: float = 10.0
+    # CTranslate2 counts the prefix inside its 224-token decode budget: ~450 chars (~110
+    # tokens) leave room for the longest utterance.
+    context_chars: int = 450
+    # Text older than the context: Whisper's previous-text prompt (cheap: one forward pass).
+    prompt_chars: int = 600
+    # Beam search for finals, as a whole-file decode uses (torch_graph decodes greedily).
+    final_beam_size: int = 5
     language: str = "en"
     # Whisper's hallucination filter for finals.
     no_speech_threshold: float = 0.6
@@ -80,6 +93,9 @@ class EngineConfig:
     # faster-whisper: partial decodes encode a window this long or longer (their audio plus
     # 2 s, in 5 s steps) instead of the padded 30 s; finals always use 30 s. 0: always 30 s.
     partial_window_min_s: float = 10.0
+    # Silero VAD confirms speech in an utterance before Whisper decodes it (speech_gate.py):
+    # webrtcvad lets music and animal sounds through, and Whisper writes words for them.
+    speech_gate: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -177,7 +193,19 @@ def config_from_mapping(data: dict[str, Any], base: Config | None = None) -> Con
         )
         for name, table in data.items()
     }
-    return dataclasses.replace(base, **updates)
+    config = dataclasses.replace(base, **updates)
+    _check_stream(config.stream)
+    return config
+
+
+def _check_stream(stream: StreamConfig) -> None:
+    # A decode is one Whisper window: context longer than 30 s would cut the new audio off.
+    for key in ("context_s", "partial_context_s"):
+        value = getattr(stream, key)
+        if not 0 <= value <= WHISPER_WINDOW_S:
+            raise ConfigError(f"[stream] {key} must be between 0 and {WHISPER_WINDOW_S:g} s")
+    if stream.max_utterance_s > WHISPER_WINDOW_S:
+        raise ConfigError(f"[stream] max_utterance_s must be at most {WHISPER_WINDOW_S:g} s")
 
 
 def load_config(path: Path | None) -> Config:

@@ -5,6 +5,10 @@ feeds it audio and control messages, asks it for the next decode request, hands 
 and sends whatever messages it produced. At most one request is in flight per session; finals go
 before partials, and a partial is only asked for once `partial_interval_ms` of new audio arrived,
 so under load partials simply come less often.
+
+Every decode continues the session's transcript (context.py): its window reaches back over
+earlier finals' audio and their text is forced as Whisper's prefix, followed by the utterance's
+stable words, so only new words come back and stable words always reach the final unchanged.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from captiond.audio import (
     samples_to_ms,
 )
 from captiond.config import Config
+from captiond.context import CommittedFinal, TranscriptContext
 from captiond.engines import DecodeKind, EngineRequest, EngineResult
 from captiond.errors import BadMessageError
 from captiond.protocol import (
@@ -46,6 +51,9 @@ from captiond.vad import UtteranceEnd, UtteranceStart, Vad, VadEvent, VadSegment
 # Audio kept behind the stream's end while no utterance is open: the segmenter may open one
 # up to pre-roll + start window before the current frame.
 _KEEP_BEHIND_MS = 2_000
+# What a partial asks the speech gate to look at: its newest audio, not the whole utterance
+# again (the final of an utterance that never showed speech looks at all of it).
+_PARTIAL_GATE_MS = 3_000
 
 
 class SessionState(enum.Enum):
@@ -56,11 +64,13 @@ class SessionState(enum.Enum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DecodeRequest:
-    """A decode the session wants, with the span of stream audio it covers."""
+    """A decode the session wants: the utterance's span of stream audio (the engine request's
+    audio may start earlier, for context) and the utterance's words forced as its prefix."""
 
     utterance: int
     start_sample: int
     end_sample: int
+    forced_words: tuple[str, ...]
     engine_request: EngineRequest
 
     @property
@@ -76,6 +86,7 @@ class _Utterance:
     segment: int | None = None
     rev: int = 0
     partial_end_sample: int = 0  # audio end covered by the latest partial request
+    speech_confirmed: bool = False  # a decode of it produced text: the speech gate let it by
     agreement: LocalAgreement = field(default_factory=LocalAgreement)
 
 
@@ -98,7 +109,11 @@ class StreamSession:
         self._closed: deque[_Utterance] = deque()
         self._in_flight: DecodeRequest | None = None
         self._outbox: list[ServerMessage] = []
-        self._finals_text: list[str] = []
+        self._context = TranscriptContext(
+            context_chars=config.stream.context_chars, prompt_chars=config.stream.prompt_chars
+        )
+        self._final_window_samples = ms_to_samples(round(config.stream.context_s * 1000))
+        self._partial_window_samples = ms_to_samples(round(config.stream.partial_context_s * 1000))
         self._segments = 0
         self.state = SessionState.STREAMING
 
@@ -153,7 +168,13 @@ class StreamSession:
         """Take the engine's result for the request returned by `next_request`."""
         assert request is self._in_flight, "results must answer the request in flight"
         self._in_flight = None
-        text = "" if self._is_hallucination(request, result) else result.text.strip()
+        utt = self._closed[0] if request.kind is DecodeKind.FINAL else self._open
+        if result.text.strip() and utt is not None and utt.index == request.utterance:
+            utt.speech_confirmed = True
+        new = "" if self._is_hallucination(request, result) else result.text.strip()
+        # The forced words stay as they were even if Whisper would have extended the last one
+        # (a word split across the commit point): stable words are a promise.
+        text = " ".join((*request.forced_words, *new.split()))
         if request.kind is DecodeKind.FINAL:
             self._finish(self._closed.popleft(), request, text)
         elif self._open is not None and self._open.index == request.utterance and text:
@@ -196,8 +217,19 @@ class StreamSession:
         self._buffer.append(samples)
         for frame in self._framer.push(samples):
             self._handle_vad(self._segmenter.push(frame))
-        if self._open is None and not self._closed and self._in_flight is None:
-            self._buffer.discard_before(self._buffer.end_sample - ms_to_samples(_KEEP_BEHIND_MS))
+        self._trim_buffer()
+
+    def _trim_buffer(self) -> None:
+        """Forget audio that no decode can need: not in an open or closed utterance, not in
+        a later decode's context, not in the segmenter's reach behind the stream's end."""
+        end = self._buffer.end_sample
+        keep_from = min(
+            [u.start_sample for u in self._closed]
+            + ([self._open.start_sample] if self._open else [])
+            + [end - ms_to_samples(_KEEP_BEHIND_MS)]
+            + [self._context.keep_from(end, self._final_window_samples)]
+        )
+        self._buffer.discard_before(keep_from)
 
     def _handle_vad(self, events: Iterable[VadEvent]) -> None:
         for event in events:
@@ -217,28 +249,35 @@ class StreamSession:
         since = end - max(utt.partial_end_sample, utt.start_sample)
         return since >= self._partial_interval_samples
 
-    def _prompt(self) -> str:
-        text = " ".join(self._finals_text)
-        limit = self._stream.prompt_chars
-        if len(text) <= limit:
-            return text
-        tail = text[len(text) - limit :]
-        if text[len(text) - limit - 1] == " ":
-            return tail
-        # Start at a word boundary: a cut word would be a wrong word in the prompt.
-        return tail.split(" ", 1)[1] if " " in tail else ""
-
     def _request(self, utt: _Utterance, kind: DecodeKind, end: int, beam: int) -> DecodeRequest:
+        """A decode of the utterance so far, in a window that starts at earlier committed audio
+        (see context.py), forced to begin with the context's text and the stable words."""
+        window = (
+            self._final_window_samples if kind is DecodeKind.FINAL else self._partial_window_samples
+        )
+        context = self._context.for_decode(
+            utterance_start=utt.start_sample, end_sample=end, window_samples=window
+        )
+        forced = utt.agreement.committed
+        gate_from: int | None = None
+        if not utt.speech_confirmed:
+            gate_from = utt.start_sample
+            if kind is DecodeKind.PARTIAL:
+                gate_from = max(gate_from, end - ms_to_samples(_PARTIAL_GATE_MS))
+            gate_from -= context.start_sample
         return DecodeRequest(
             utterance=utt.index,
             start_sample=utt.start_sample,
             end_sample=end,
+            forced_words=forced,
             engine_request=EngineRequest(
-                audio=self._buffer.slice(utt.start_sample, end),
+                audio=self._buffer.slice(context.start_sample, end),
                 kind=kind,
                 language=self._params.language,
-                prompt=self._prompt(),
+                prompt=context.prompt,
+                prefix=" ".join(filter(None, (context.prefix, *forced))),
                 beam_size=beam,
+                speech_from_sample=gate_from,
             ),
         )
 
@@ -248,6 +287,7 @@ class StreamSession:
         cfg = self._stream
         if not any(ch.isalnum() for ch in result.text):
             return True
+        words = len(request.forced_words) + len(result.text.split())
         silent = (
             result.no_speech_prob > cfg.no_speech_threshold
             and result.avg_logprob < cfg.logprob_threshold
@@ -258,7 +298,7 @@ class StreamSession:
         long_enough = request.kind is DecodeKind.PARTIAL or duration_s >= cfg.sparse_min_s
         sparse = (
             long_enough
-            and len(result.text.split()) < cfg.sparse_words_per_s * duration_s
+            and words < cfg.sparse_words_per_s * duration_s
             and result.avg_logprob < cfg.sparse_logprob_threshold
         )
         return silent or sparse or result.compression_ratio > cfg.compression_ratio_threshold
@@ -295,14 +335,12 @@ class StreamSession:
                     text=text,
                 )
             )
-        if text:
-            self._finals_text.append(text)
-        keep_from = min(
-            [u.start_sample for u in self._closed]
-            + ([self._open.start_sample] if self._open else [])
-            + [self._buffer.end_sample - ms_to_samples(_KEEP_BEHIND_MS)]
+        self._context.commit(
+            CommittedFinal(
+                start_sample=request.start_sample, end_sample=request.end_sample, text=text
+            )
         )
-        self._buffer.discard_before(keep_from)
+        self._trim_buffer()
 
     def _maybe_done(self) -> None:
         if self.state is SessionState.ENDING and self._in_flight is None and not self._closed:

@@ -108,6 +108,25 @@ def retracted_stable_words(messages: Sequence[Message]) -> int:
     return retracted
 
 
+def contradicted_stable_words(messages: Sequence[Message]) -> int:
+    """Words of a segment's last `stable` that its final does not start with: stable is a
+    promise that the final keeps them (0 is the only right count)."""
+    stable: dict[int, list[str]] = {}
+    contradicted = 0
+    for m in messages:
+        if m["type"] == "partial":
+            stable[m["segment"]] = _words(m.get("stable", ""))
+        elif m["type"] == "final":
+            promised = stable.pop(m["segment"], [])
+            final = _words(m.get("text", ""))
+            kept = 0
+            while kept < min(len(promised), len(final)) and promised[kept] == final[kept]:
+                kept += 1
+            contradicted += len(promised) - kept
+    # A segment whose final never came broke every promise it made.
+    return contradicted + sum(len(words) for words in stable.values())
+
+
 def unstable_churn(messages: Sequence[Message]) -> int:
     """Unstable words of a partial that the segment's next partial no longer has in place."""
     last: dict[int, tuple[int, list[str]]] = {}

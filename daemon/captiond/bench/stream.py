@@ -2,8 +2,9 @@
 
 Main thread and its event loop. The engine is loaded once: the main thread uses it first for the
 offline transcripts (captiond.offline), then hands it to an in-process daemon's engine thread
-(unless --url names a running daemon). With --peer whisperlive the same clips are streamed to
-WhisperLive at the same pace, one clip at a time, after ours.
+(unless --url names a running daemon). The accuracy reference is faster-whisper's own `transcribe`
+of each whole clip with the same model (the `whole-file` column). With --peer whisperlive the same
+clips are streamed to WhisperLive at the same pace, one clip at a time, after ours.
 
     captiond bench stream --clips long,utterance:6,nonspeech:3 --max-clip-s 240 --out DIR
 """
@@ -18,6 +19,7 @@ from typing import Any
 from captiond.bench import common
 from captiond.bench.metrics import (
     Trace,
+    contradicted_stable_words,
     final_latencies_ms,
     final_text,
     first_text_s,
@@ -31,6 +33,7 @@ from captiond.bench.pacing import stream_native
 from captiond.bench.peer_whisperlive import stream_whisperlive, whisperlive_server
 from captiond.bench.report import Progress, plot_cdfs, print_table, write_json
 from captiond.bench.wer import WerCounts, align, normalize, word_errors
+from captiond.engines import resolve_engine_config
 from captiond.models import resolve_model
 from captiond.offline import transcribe_samples
 
@@ -40,6 +43,12 @@ _ZERO = WerCounts(substitutions=0, deletions=0, insertions=0, reference_words=0)
 def add_stream_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("stream", help="per-clip WER, latency, stability vs offline and the peer")
     common.add_options(p, default_clips="long:1,utterance:6,nonspeech:3")
+    p.add_argument(
+        "--no-whole-file",
+        dest="whole_file",
+        action="store_false",
+        help="skip the whole-file faster-whisper reference",
+    )
     p.set_defaults(func=_bench_stream)
 
 
@@ -53,6 +62,7 @@ def clip_figures(trace: Trace, clip: common.Clip, offline: str | None) -> dict[s
         "final_latency_ms": summary(final_latencies_ms(trace)),
         "first_text_s": _round(first_text_s(trace)),
         "retracted_stable_words": retracted_stable_words(trace.messages),
+        "contradicted_stable_words": contradicted_stable_words(trace.messages),
         "unstable_churn_words": unstable_churn(trace.messages),
         "last_final_before_done": last_final_before_done(trace.messages),
         "end_wait_s": _round(trace.ended_s - trace.sent_s[-1] if trace.ended_s else None),
@@ -72,6 +82,21 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
+def pooled_wer(clips: list[common.Clip], texts: dict[str, str]) -> dict[str, float | None]:
+    """WER over the exact-reference clips, and over the long clips (dialogues and the LJ reading,
+    whose references are partly approximate: a relative figure)."""
+    exact = long = _ZERO
+    for clip in clips:
+        if clip.kind != "nonspeech" and clip.ref_quality == "exact":
+            exact += word_errors(clip.text, texts[clip.id])
+        if clip.kind == "long":
+            long += word_errors(clip.text, texts[clip.id])
+    return {
+        "wer_exact_refs": round(exact.wer, 4),
+        "wer_long_pooled": round(long.wer, 4) if long.reference_words else None,
+    }
+
+
 def _overall(
     clips: list[common.Clip], runs: dict[str, Trace], texts: dict[str, str]
 ) -> dict[str, Any]:
@@ -81,13 +106,15 @@ def _overall(
             counts += word_errors(clip.text, texts[clip.id])
     lags = [x for c in clips for x in partial_lags_ms(runs[c.id])]
     finals = [x for c in clips for x in final_latencies_ms(runs[c.id])]
-    return {
-        "wer_exact_refs": round(counts.wer, 4),
+    return pooled_wer(clips, texts) | {
         "reference_words": counts.reference_words,
         "nonspeech_words": sum(len(normalize(texts[c.id])) for c in clips if c.kind == "nonspeech"),
         "partial_lag_ms": summary(lags),
         "final_latency_ms": summary(finals),
         "retracted_stable_words": sum(retracted_stable_words(runs[c.id].messages) for c in clips),
+        "contradicted_stable_words": sum(
+            contradicted_stable_words(runs[c.id].messages) for c in clips
+        ),
         "unstable_churn_words": sum(unstable_churn(runs[c.id].messages) for c in clips),
         "all_finals_before_done": all(last_final_before_done(runs[c.id].messages) for c in clips),
     }
@@ -129,6 +156,7 @@ def _bench_stream(args: argparse.Namespace) -> int:
         started = time.monotonic()
         env.offline[clip.id] = transcribe_samples(clip.samples, env.engine, env.config).text
         env.offline_rtf[clip.id] = (time.monotonic() - started) / clip.duration_s
+    whole = _whole_file(env) if args.whole_file else None
     results: dict[str, Any] = {"captiond": asyncio.run(_run_ours(args, env))}
     if args.peer:
         results["whisperlive"] = asyncio.run(_run_peer(args, env))
@@ -147,12 +175,9 @@ def _bench_stream(args: argparse.Namespace) -> int:
         }
         for c in env.clips
     }
-    counts = _ZERO
-    for c in env.clips:
-        if c.kind != "nonspeech" and c.ref_quality == "exact":
-            counts += word_errors(c.text, env.offline[c.id])
     data = common.header(args, env, "stream") | {
-        "offline": {"clips": offline, "overall": {"wer_exact_refs": round(counts.wer, 4)}},
+        "offline": {"clips": offline, "overall": pooled_wer(env.clips, env.offline)},
+        "whole_file": whole,
         **results,
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -162,6 +187,33 @@ def _bench_stream(args: argparse.Namespace) -> int:
     _table(env.clips, data)
     print(f"wrote {args.out / name}.json and .png")
     return 0
+
+
+def _whole_file(env: common.BenchEnv) -> dict[str, Any]:
+    """faster-whisper `transcribe` on every whole clip: the same weights, on the CPU with the
+    engine's compute type for faster-whisper (float32 for torch_graph, whose CPU path is FP32)."""
+    from captiond.engines.faster_whisper import transcribe_whole_file
+
+    engine = resolve_engine_config(env.config.engine)
+    on_cpu = engine.name == "faster-whisper" and engine.device == "cpu"
+    compute_type = engine.compute_type if on_cpu else "float32"
+    texts: dict[str, str] = {}
+    clips: dict[str, Any] = {}
+    progress = Progress("whole-file", len(env.clips))
+    for c in env.clips:
+        texts[c.id] = transcribe_whole_file(
+            resolve_model(env.config.engine.model),
+            c.samples,
+            device="cpu",
+            compute_type=compute_type,
+            language=env.config.stream.language,
+        )
+        wer = None if c.kind == "nonspeech" else round(word_errors(c.text, texts[c.id]).wer, 4)
+        clips[c.id] = {"text": texts[c.id], "wer": wer}
+        progress.step(c.id)
+    settings = {"beam_size": 5, "temperature": 0.0, "vad_filter": False}
+    overall = pooled_wer(env.clips, texts)
+    return {"compute_type": compute_type, "settings": settings, "clips": clips, "overall": overall}
 
 
 def _table(clips: list[common.Clip], data: dict[str, Any]) -> None:
@@ -177,10 +229,16 @@ def _table(clips: list[common.Clip], data: dict[str, Any]) -> None:
             if clip is None
             else data["offline"]["clips"][key]["wer"]
         )
+        whole = data["whole_file"]
+        if whole is not None:
+            whole = (
+                whole["overall"]["wer_exact_refs"] if clip is None else whole["clips"][key]["wer"]
+            )
         rows.append(
             [
                 key[:34],
                 ours.get("wer", ours.get("wer_exact_refs")),
+                whole,
                 off,
                 None if theirs is None else theirs.get("wer", theirs.get("wer_exact_refs")),
                 ours["partial_lag_ms"]["p50"],
@@ -189,11 +247,18 @@ def _table(clips: list[common.Clip], data: dict[str, Any]) -> None:
                 None if theirs is None else theirs["final_latency_ms"]["p50"],
                 None if theirs is None else theirs["final_latency_ms"]["p95"],
                 ours["retracted_stable_words"],
+                ours["contradicted_stable_words"],
             ]
         )
+    if data["whole_file"] is not None:
+        long_ours = data["captiond"]["overall"]["wer_long_pooled"]
+        long_whole = data["whole_file"]["overall"]["wer_long_pooled"]
+        if long_ours is not None:
+            rows.append(["long clips pooled", long_ours, long_whole, None, *[None] * 8])
     headers = [
         "clip",
         "WER",
+        "whole-file",
         "offline",
         "peer",
         "lag p50",
@@ -202,5 +267,6 @@ def _table(clips: list[common.Clip], data: dict[str, Any]) -> None:
         "peer p50",
         "peer p95",
         "retract",
+        "contra",
     ]
     print_table(headers, rows)

@@ -20,6 +20,11 @@ if TYPE_CHECKING:
 
 ENGINE_NAMES = ("auto", "faster-whisper", "torch_graph", "fake")
 
+# Whisper's text budget before the first generated token: faster-whisper keeps at most
+# max_length // 2 - 1 = 223 tokens of previous text, so that half the 448-token context is left
+# for the decode. Previous text and prefix share it here (see `fit_prompt`).
+PROMPT_BUDGET_TOKENS = 223
+
 
 class DecodeKind(enum.Enum):
     """Why a decode was asked for: partials are revisable, finals are committed."""
@@ -30,18 +35,27 @@ class DecodeKind(enum.Enum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineRequest:
-    """One Whisper window to decode: 16 kHz mono float32 audio, at most 30 s."""
+    """One Whisper window to decode: 16 kHz mono float32 audio, at most 30 s.
+
+    `prompt` is earlier text the model is conditioned on (Whisper's previous text); `prefix` is
+    text the decode is forced to start with (Whisper's prefix): the committed transcript of the
+    window's first part. The result holds only what the model generated after the prefix.
+    `speech_from_sample`, when set, asks the speech gate (speech_gate.py) to confirm speech in
+    the audio from that sample on before the model runs; engines without a gate ignore it.
+    """
 
     audio: npt.NDArray[np.float32]
     kind: DecodeKind
     language: str | None = None
     prompt: str = ""
+    prefix: str = ""
     beam_size: int = 1
+    speech_from_sample: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineResult:
-    """The decode of one request; scores follow Whisper's definitions."""
+    """The decode of one request after its prefix; scores follow Whisper's definitions."""
 
     text: str
     tokens: tuple[int, ...] = ()
@@ -73,6 +87,19 @@ class Engine(Protocol):
 
     def close(self) -> None:
         """Release the model (device memory, threads)."""
+
+
+def fit_prompt(previous: Sequence[int], prefix: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Previous-text and prefix tokens cut to Whisper's prompt budget, the same in every engine.
+
+    The prefix is what the window's audio begins with, so it keeps its end (the part next to the
+    new audio) and previous text gets what the prefix leaves, keeping its end too. Sessions keep
+    prefixes well under the budget, so in practice only previous text is ever cut.
+    """
+    kept_prefix = list(prefix[max(0, len(prefix) - PROMPT_BUDGET_TOKENS) :])
+    room = PROMPT_BUDGET_TOKENS - len(kept_prefix)
+    kept_previous = list(previous[max(0, len(previous) - room) :]) if room > 0 else []
+    return kept_previous, kept_prefix
 
 
 def cuda_available() -> bool:
@@ -120,12 +147,19 @@ def load_engine(config: EngineConfig) -> Engine:
 
         return FakeEngine()
     model_path = resolve_model(config.model)
+    engine: Engine
     if name == "faster-whisper":
         from captiond.engines.faster_whisper import FasterWhisperEngine
 
-        return FasterWhisperEngine(model_path, config)
-    if name == "torch_graph":
+        engine = FasterWhisperEngine(model_path, config)
+    elif name == "torch_graph":
         from captiond.engines.torch_graph import TorchGraphEngine
 
-        return TorchGraphEngine(model_path, config)
-    raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(ENGINE_NAMES)}")
+        engine = TorchGraphEngine(model_path, config)
+    else:
+        raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(ENGINE_NAMES)}")
+    if not config.speech_gate:
+        return engine
+    from captiond.engines.speech_gate import GatedEngine
+
+    return GatedEngine(engine)

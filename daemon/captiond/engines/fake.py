@@ -1,8 +1,9 @@
 """A deterministic engine for tests: text is a function of the audio, no model at all.
 
 Runs on the engine thread like any engine. Each 250 ms of audio louder than -50 dBFS becomes one
-word `wN` (N counts from the utterance start), so longer decodes of the same utterance extend the
-previous text, as Whisper's would.
+word `wN` (N counts from the start of the request's audio), so longer decodes of the same
+utterance extend the previous text, as Whisper's would. As Whisper's prefix does, a request's
+prefix stands for the first words of its audio: the result holds only the words after it.
 """
 
 from __future__ import annotations
@@ -53,4 +54,5 @@ class FakeEngine:
             chunk = request.audio[i * WORD_SAMPLES : (i + 1) * WORD_SAMPLES]
             if float(np.sqrt(np.mean(np.square(chunk)))) > 10 ** (-50 / 20):
                 words.append(f"w{i}")
-        return EngineResult(text=" ".join(words), avg_logprob=-0.1, no_speech_prob=0.01)
+        new = words[len(request.prefix.split()) :]
+        return EngineResult(text=" ".join(new), avg_logprob=-0.1, no_speech_prob=0.01)

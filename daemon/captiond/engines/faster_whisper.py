@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from captiond.config import EngineConfig
-from captiond.engines import DecodeKind, EngineRequest, EngineResult
+from captiond.engines import DecodeKind, EngineRequest, EngineResult, fit_prompt
 from captiond.errors import ConfigError
 from captiond.models import model_display_name
 
@@ -107,24 +107,36 @@ class FasterWhisperEngine:
             )
         return self._tokenizers[key]
 
-    def _prompt(self, tokenizer: Any, text: str) -> list[int]:
-        previous = tokenizer.encode(" " + text.strip()) if text.strip() else []
+    @staticmethod
+    def _encode(tokenizer: Any, text: str) -> list[int]:
+        tokens: list[int] = tokenizer.encode(" " + text.strip()) if text.strip() else []
+        return tokens
+
+    def _prompt(self, tokenizer: Any, request: EngineRequest) -> tuple[list[int], int]:
+        """get_prompt(without_timestamps=True, prefix=…) with `fit_prompt`'s budget, and the
+        number of prefix tokens (CTranslate2 returns them at the start of the sequence)."""
+        previous, prefix = fit_prompt(
+            self._encode(tokenizer, request.prompt), self._encode(tokenizer, request.prefix)
+        )
         prompt: list[int] = self._model.get_prompt(tokenizer, previous, without_timestamps=True)
-        return prompt
+        return prompt + prefix, len(prefix)
 
     def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
         from faster_whisper.transcribe import get_suppressed_tokens
 
         tokenizers = [self._tokenizer(r.language) for r in requests]
-        prompts = [self._prompt(t, r.prompt) for t, r in zip(tokenizers, requests, strict=True)]
+        planned = [self._prompt(t, r) for t, r in zip(tokenizers, requests, strict=True)]
+        prompts = [prompt for prompt, _ in planned]
         # One encode + generate per group: requests share a window length, a beam size and a
-        # prompt length (CTranslate2 needs <|startoftranscript|> at one position in a batch).
-        groups: dict[tuple[int, int, int], list[int]] = {}
+        # prompt shape (CTranslate2 needs <|startoftranscript|> at one position in a batch, and
+        # prompts of one length).
+        groups: dict[tuple[int, int, int, int], list[int]] = {}
         for i, r in enumerate(requests):
-            key = (self.window_frames(r), r.beam_size, len(prompts[i]))
+            sot = prompts[i].index(tokenizers[i].sot)
+            key = (self.window_frames(r), r.beam_size, sot, len(prompts[i]))
             groups.setdefault(key, []).append(i)
         results: dict[int, EngineResult] = {}
-        for (frames, beam, _), idx in sorted(groups.items()):
+        for (frames, beam, _, _), idx in sorted(groups.items()):
             features = np.stack([self.features(requests[i].audio, frames) for i in idx])
             generated = self._model.model.generate(
                 self._model.encode(features),
@@ -137,14 +149,17 @@ class FasterWhisperEngine:
                 suppress_tokens=get_suppressed_tokens(tokenizers[idx[0]], [-1]),
             )
             for i, out in zip(idx, generated, strict=True):
-                results[i] = self._result(tokenizers[i], out)
+                results[i] = self._result(tokenizers[i], out, planned[i][1])
         return [results[i] for i in range(len(requests))]
 
     @staticmethod
-    def _result(tokenizer: Any, out: Any) -> EngineResult:
-        tokens = list(out.sequences_ids[0])
-        # As faster-whisper: the score is the length-normalised cumulative log-prob (penalty 1).
-        avg_logprob = out.scores[0] * len(tokens) / (len(tokens) + 1)
+    def _result(tokenizer: Any, out: Any, n_prefix: int) -> EngineResult:
+        sequence = list(out.sequences_ids[0])
+        tokens = sequence[n_prefix:]
+        # CTranslate2's score is the cumulative log-prob over the whole sequence (forced prefix
+        # tokens count 0) divided by its length (penalty 1); Whisper's avg_logprob divides it
+        # by the generated tokens + 1 (faster-whisper's rule, here without the prefix).
+        avg_logprob = out.scores[0] * len(sequence) / (len(tokens) + 1)
         text = tokenizer.decode(tokens).strip()
         return EngineResult(
             text=text,
@@ -153,3 +168,24 @@ class FasterWhisperEngine:
             no_speech_prob=float(out.no_speech_prob),
             compression_ratio=compression_ratio(text),
         )
+
+
+def transcribe_whole_file(
+    model_path: Path,
+    audio: npt.NDArray[np.float32],
+    *,
+    device: str,
+    compute_type: str,
+    language: str | None,
+    beam_size: int = 5,
+) -> str:
+    """The accuracy reference: faster-whisper's own long-form `transcribe` of a whole recording
+    (its 30-s windows, timestamps, previous-text conditioning), beam 5, temperature 0, no VAD:
+    what a user gets by running faster-whisper on the recording afterwards."""
+    from faster_whisper import WhisperModel
+
+    model = WhisperModel(str(model_path), device=device, compute_type=compute_type)
+    segments, _ = model.transcribe(
+        audio, language=language, beam_size=beam_size, temperature=0.0, vad_filter=False
+    )
+    return " ".join(s.text.strip() for s in segments if s.text.strip())

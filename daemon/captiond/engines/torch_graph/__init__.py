@@ -132,7 +132,7 @@ class TorchGraphEngine:
         n = len(requests)
         if n == 0:
             return []
-        plans = [self.tokens.prompt(r.prompt, r.language) for r in requests]
+        plans = [self.tokens.prompt(r.prompt, r.language, r.prefix) for r in requests]
         bucket = bucket_for(n, self.graphs.buckets)
         with torch.no_grad():
             self.decoder.encode(self.mel([r.audio for r in requests]).to(self.dtype))

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import tokenizers
 
+from captiond.engines import fit_prompt
+
 # faster-whisper's `max_length`: prompt and generated tokens together.
 MAX_LENGTH = 448
 _MULTILINGUAL_MIN_VOCAB = 51865  # .en vocabularies have 51864 entries
@@ -39,7 +41,8 @@ class PromptPlan:
 
     tokens: tuple[int, ...]
     sot_index: int
-    # CTranslate2 decodes at most min(448 // 2, 448 - (len(prompt) - 1)) tokens.
+    # CTranslate2 decodes at most min(448 // 2, 448 - (len(prompt) - 1)) tokens, the forced
+    # prefix (the tokens after <|notimestamps|>) included.
     max_new_tokens: int
 
 
@@ -126,19 +129,26 @@ class WhisperTokens:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
-    def prompt(self, previous_text: str, language: str | None) -> PromptPlan:
-        """faster-whisper's get_prompt(without_timestamps=True) for `previous_text`."""
+    def _encode_text(self, text: str) -> list[int]:
+        return self.encode(" " + text.strip()) if text.strip() else []
+
+    def prompt(self, previous_text: str, language: str | None, prefix: str = "") -> PromptPlan:
+        """The faster-whisper engine's prompt: get_prompt(without_timestamps=True) + prefix."""
+        previous, prefix_tokens = fit_prompt(
+            self._encode_text(previous_text), self._encode_text(prefix)
+        )
         tokens: list[int] = []
-        previous = previous_text.strip()
         if previous:
-            tokens.append(self.special.sot_prev)
-            tokens += self.encode(" " + previous)[-(MAX_LENGTH // 2 - 1) :]
+            tokens = [self.special.sot_prev, *previous]
         sot_index = len(tokens)
         tokens.append(self.special.sot)
         if self.multilingual:
             tokens += [self._id(f"<|{language or 'en'}|>"), self.special.transcribe]
         tokens.append(self.special.no_timestamps)
-        max_new = min(MAX_LENGTH // 2, MAX_LENGTH - (len(tokens) - 1))
+        # CTranslate2 counts the forced prefix inside its decode length: the prefix leaves
+        # min(224, 448 - (prompt length without prefix - 1)) - len(prefix) new tokens.
+        max_new = min(MAX_LENGTH // 2, MAX_LENGTH - (len(tokens) - 1)) - len(prefix_tokens)
+        tokens += prefix_tokens
         return PromptPlan(tokens=tuple(tokens), sot_index=sot_index, max_new_tokens=max_new)
 
     def decode(self, tokens: Sequence[int]) -> str:

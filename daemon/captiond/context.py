@@ -1,0 +1,103 @@
+"""Decode context: which committed text and which earlier audio a decode continues from.
+
+Sans-I/O, one instance per StreamSession, on the event-loop thread (or the thread that runs an
+offline transcription). A whole-file Whisper decode sees each utterance inside a 30-s window
+together with the audio before it, and conditions on the text it already wrote for that audio.
+Decoding a short turn ("Yes.") alone, padded into a window of silence, loses both. So a decode of
+an utterance gets a window that starts at an earlier committed final (as far back as
+`window_samples` and `context_chars` allow) and the text of those finals as a forced prefix: the
+model re-reads the conversation, and only the words it writes after the prefix are new.
+
+A final that came out empty (noise, a dropped hallucination) breaks the context: its audio holds
+something the committed text does not describe, and a window across it would invite the model to
+transcribe it now. Text older than the window is still used as Whisper's previous-text prompt.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommittedFinal:
+    """A final's text and the span of stream audio it transcribes."""
+
+    start_sample: int
+    end_sample: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecodeContext:
+    """Where a decode's audio starts, the text forced for the audio before the utterance, and
+    the older text it is conditioned on."""
+
+    start_sample: int
+    prefix: str
+    prompt: str
+
+
+class TranscriptContext:
+    def __init__(self, *, context_chars: int, prompt_chars: int) -> None:
+        self._context_chars = context_chars
+        self._prompt_chars = prompt_chars
+        # Finals since the last break, oldest first, that a later window may still reach.
+        self._recent: deque[CommittedFinal] = deque()
+        # Text of every final that is no longer (or never was) in `_recent`, for the prompt.
+        self._older: list[str] = []
+
+    def commit(self, final: CommittedFinal) -> None:
+        """Record a final; an empty one breaks the context (see the module docstring)."""
+        if final.text:
+            self._recent.append(final)
+            return
+        self._older += [f.text for f in self._recent]
+        self._recent.clear()
+
+    def for_decode(
+        self, *, utterance_start: int, end_sample: int, window_samples: int
+    ) -> DecodeContext:
+        """The context of a decode of audio [utterance_start, end_sample): whole finals whose
+        audio fits in the window together with the utterance, newest first, within
+        `context_chars` of text; contiguous, so no final between them is left out."""
+        used: list[CommittedFinal] = []
+        chars = 0
+        for final in reversed(self._recent):
+            chars += len(final.text) + 1
+            if end_sample - final.start_sample > window_samples or chars > self._context_chars:
+                break
+            used.append(final)
+        used.reverse()
+        older = self._older + [f.text for f in list(self._recent)[: len(self._recent) - len(used)]]
+        return DecodeContext(
+            start_sample=used[0].start_sample if used else utterance_start,
+            prefix=" ".join(f.text for f in used),
+            prompt=tail_words(" ".join(older), self._prompt_chars),
+        )
+
+    def keep_from(self, now_sample: int, window_samples: int) -> int:
+        """The earliest audio sample a future decode may need; forgets finals out of reach.
+
+        A future decode ends at or after `now_sample`, so a final that starts more than one
+        window before it can never be context again: its text moves to the prompt.
+        """
+        while self._recent and now_sample - self._recent[0].start_sample > window_samples:
+            self._older.append(self._recent.popleft().text)
+        # Only the prompt's tail is ever read; keep the list from growing for hours.
+        if len(self._older) > 64:
+            self._older = [tail_words(" ".join(self._older), self._prompt_chars)]
+        return self._recent[0].start_sample if self._recent else now_sample
+
+
+def tail_words(text: str, limit_chars: int) -> str:
+    """The last `limit_chars` characters of `text`, starting at a word boundary."""
+    if len(text) <= limit_chars:
+        return text
+    if limit_chars <= 0:
+        return ""
+    tail = text[len(text) - limit_chars :]
+    if text[len(text) - limit_chars - 1] == " ":
+        return tail
+    # A cut word would be a wrong word in the prompt.
+    return tail.split(" ", 1)[1] if " " in tail else ""

@@ -1,0 +1,132 @@
+"""Captions as accurate as the same model on the whole recording (the accuracy reference).
+
+The real bundled model, real speech, a real daemon. The reference is faster-whisper's own
+`transcribe` of each whole clip (beam 5, temperature 0, no VAD), computed here with the same
+weights and compute type. These are the slowest tests of the suite: faster-whisper only, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import read_wav_int16
+from daemon_harness import Exchange, check_invariants, make_config, running_daemon, stream_pcm, url
+from synth_sounds import SOUNDS
+
+from captiond.bench.metrics import contradicted_stable_words
+from captiond.bench.wer import WerCounts, word_errors
+from captiond.config import Config
+from captiond.engines import Engine, load_engine
+from captiond.engines.faster_whisper import transcribe_whole_file
+from captiond.models import resolve_model
+
+pytestmark = pytest.mark.model
+
+# 100 ms chunks every 40 ms: 2.5x real time, slow enough for partials and stable words.
+CHUNK_SAMPLES = 1600
+PAUSE_S = 0.04
+ZERO = WerCounts(substitutions=0, deletions=0, insertions=0, reference_words=0)
+
+
+@pytest.fixture(scope="module")
+def config() -> Config:
+    return make_config(engine={"name": "faster-whisper", "device": "cpu"})
+
+
+@pytest.fixture(scope="module")
+def engine(config: Config) -> Engine:
+    loaded = load_engine(config.engine)
+    loaded.warmup()
+    return loaded
+
+
+def finals_text(ex: Exchange) -> str:
+    return " ".join(m["text"] for m in ex.of("final") if m["text"])
+
+
+def shown_words(ex: Exchange) -> list[str]:
+    """Every word a client was shown: finals, and stable and unstable partial text."""
+    words = finals_text(ex).split()
+    for m in ex.of("partial"):
+        words += (m["stable"] + " " + m["unstable"]).split()
+    return words
+
+
+async def stream_all(config: Config, engine: Engine, pcms: dict[str, Any]) -> dict[str, Exchange]:
+    async with running_daemon(config, engine=engine, vad_factory=None) as daemon:
+        out = {}
+        for clip_id, pcm in pcms.items():
+            out[clip_id] = await stream_pcm(
+                url(daemon), pcm, chunk_samples=CHUNK_SAMPLES, pause_s=PAUSE_S
+            )
+        return out
+
+
+def test_dialogues_and_reading_match_the_whole_file_decode(
+    speech_dir: Path, speech_manifest: list[dict[str, Any]], config: Config, engine: Engine
+) -> None:
+    clips = [m for m in speech_manifest if m["kind"] == "long"]
+    assert len(clips) == 5, "four SpokenWOZ dialogues and the LJ Speech reading"
+    pcms = {m["id"]: read_wav_int16(speech_dir / m["file"]) for m in clips}
+    whole = {
+        clip_id: transcribe_whole_file(
+            resolve_model(None),
+            pcm.astype(np.float32) / 32768,
+            device="cpu",
+            compute_type="int8",
+            language="en",
+        )
+        for clip_id, pcm in pcms.items()
+    }
+    streamed = asyncio.run(stream_all(config, engine, pcms))
+    ours_total = whole_total = ZERO
+    contradicted = 0
+    for m in clips:
+        ex = streamed[m["id"]]
+        check_invariants(ex)
+        assert ex.close_code == 1000
+        contradicted += contradicted_stable_words(ex.messages)
+        ours, theirs = (
+            word_errors(m["text"], finals_text(ex)),
+            word_errors(m["text"], whole[m["id"]]),
+        )
+        print(f"{m['id']}: streaming {ours.wer:.4f} whole-file {theirs.wer:.4f}")
+        ours_total += ours
+        whole_total += theirs
+        if m["id"].startswith("ljspeech"):
+            assert ours.wer <= theirs.wer + 0.005
+    print(f"pooled: streaming {ours_total.wer:.4f} whole-file {whole_total.wer:.4f}")
+    assert sum(len(ex.of("partial")) for ex in streamed.values()) > 100, "partials were shown"
+    assert contradicted == 0
+    assert ours_total.wer <= whole_total.wer + 0.01
+
+
+def test_nonspeech_shows_no_words(
+    speech_dir: Path, speech_manifest: list[dict[str, Any]], config: Config, engine: Engine
+) -> None:
+    """The corpus's music, noise and birdsong and the sounds made here: no word, not even in
+    a partial."""
+    pcms = {
+        m["id"]: read_wav_int16(speech_dir / m["file"])
+        for m in speech_manifest
+        if m["kind"] == "nonspeech"
+    }
+    for name, make in SOUNDS.items():
+        pcms[name] = (make() * 32767).astype("<i2")
+
+    async def as_fast_as_possible() -> dict[str, Exchange]:
+        async with running_daemon(config, engine=engine, vad_factory=None) as daemon:
+            return {
+                clip_id: await stream_pcm(url(daemon), pcm, chunk_samples=8000, pause_s=0.05)
+                for clip_id, pcm in pcms.items()
+            }
+
+    streamed = asyncio.run(as_fast_as_possible())
+    for ex in streamed.values():
+        check_invariants(ex)
+    words = {clip_id: shown_words(ex) for clip_id, ex in streamed.items() if shown_words(ex)}
+    assert words == {}

@@ -1,0 +1,128 @@
+"""Decode context (context.py) and the prompt budget (engines.fit_prompt), without a model."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from captiond.context import CommittedFinal, TranscriptContext, tail_words
+from captiond.engines import PROMPT_BUDGET_TOKENS, fit_prompt
+
+RATE = 16_000
+WINDOW = 30 * RATE
+
+
+def final(start_s: float, end_s: float, text: str) -> CommittedFinal:
+    return CommittedFinal(
+        start_sample=round(start_s * RATE), end_sample=round(end_s * RATE), text=text
+    )
+
+
+def context(
+    *finals: CommittedFinal, chars: int = 300, prompt_chars: int = 200
+) -> TranscriptContext:
+    ctx = TranscriptContext(context_chars=chars, prompt_chars=prompt_chars)
+    for f in finals:
+        ctx.commit(f)
+    return ctx
+
+
+def test_first_utterance_has_no_context() -> None:
+    got = context().for_decode(utterance_start=100, end_sample=900, window_samples=WINDOW)
+    assert (got.start_sample, got.prefix, got.prompt) == (100, "", "")
+
+
+def test_window_starts_at_the_oldest_final_that_fits() -> None:
+    ctx = context(final(0, 4, "Hello."), final(5, 7, "Hi, how are you?"), final(8, 9, "Fine."))
+    got = ctx.for_decode(utterance_start=10 * RATE, end_sample=12 * RATE, window_samples=WINDOW)
+    assert got.start_sample == 0
+    assert got.prefix == "Hello. Hi, how are you? Fine."
+    assert got.prompt == ""
+
+
+def test_finals_beyond_the_window_move_to_the_prompt() -> None:
+    ctx = context(final(0, 4, "Long ago."), final(20, 25, "Recent."))
+    # The window [start, 33 s) may be 30 s long: the final at 0 s does not fit, 20 s does.
+    got = ctx.for_decode(utterance_start=30 * RATE, end_sample=33 * RATE, window_samples=WINDOW)
+    assert got.start_sample == 20 * RATE
+    assert (got.prefix, got.prompt) == ("Recent.", "Long ago.")
+
+
+def test_context_is_limited_by_characters_newest_first() -> None:
+    ctx = context(final(0, 2, "a" * 10), final(2, 4, "b" * 10), final(4, 6, "c" * 10), chars=23)
+    got = ctx.for_decode(utterance_start=6 * RATE, end_sample=8 * RATE, window_samples=WINDOW)
+    assert got.prefix == f"{'b' * 10} {'c' * 10}"
+    assert got.start_sample == 2 * RATE
+    assert got.prompt == "a" * 10
+
+
+def test_an_empty_final_breaks_the_context() -> None:
+    ctx = context(final(0, 2, "Before."), final(2, 4, ""), final(4, 6, "After."))
+    got = ctx.for_decode(utterance_start=6 * RATE, end_sample=8 * RATE, window_samples=WINDOW)
+    assert (got.start_sample, got.prefix, got.prompt) == (4 * RATE, "After.", "Before.")
+
+
+def test_a_zero_window_decodes_alone_with_everything_in_the_prompt() -> None:
+    ctx = context(final(0, 2, "One."), final(2, 4, "Two."))
+    got = ctx.for_decode(utterance_start=4 * RATE, end_sample=6 * RATE, window_samples=0)
+    assert (got.start_sample, got.prefix, got.prompt) == (4 * RATE, "", "One. Two.")
+
+
+def test_an_utterance_longer_than_the_window_gets_no_context() -> None:
+    ctx = context(final(0, 2, "Before."))
+    got = ctx.for_decode(utterance_start=3 * RATE, end_sample=40 * RATE, window_samples=WINDOW)
+    assert (got.start_sample, got.prefix, got.prompt) == (3 * RATE, "", "Before.")
+
+
+def test_keep_from_forgets_finals_out_of_reach() -> None:
+    ctx = context(final(0, 2, "Old."), final(25, 27, "New."))
+    assert ctx.keep_from(28 * RATE, WINDOW) == 0
+    assert ctx.keep_from(31 * RATE, WINDOW) == 25 * RATE
+    got = ctx.for_decode(utterance_start=31 * RATE, end_sample=32 * RATE, window_samples=WINDOW)
+    assert (got.prefix, got.prompt) == ("New.", "Old.")
+    assert context().keep_from(5 * RATE, WINDOW) == 5 * RATE
+
+
+def test_the_prompt_stays_bounded_over_a_long_session() -> None:
+    ctx = TranscriptContext(context_chars=300, prompt_chars=50)
+    for i in range(500):
+        ctx.commit(final(i * 2, i * 2 + 1, f"utterance{i}"))
+        ctx.keep_from((i * 2 + 1) * RATE, WINDOW)
+    got = ctx.for_decode(utterance_start=1001 * RATE, end_sample=1002 * RATE, window_samples=WINDOW)
+    assert got.prefix.split()[-1] == "utterance499"
+    assert len(got.prompt) <= 50
+    assert got.prompt.split()[-1] == f"utterance{499 - len(got.prefix.split())}"
+
+
+@given(st.lists(st.text(alphabet="ab ", max_size=12), max_size=8), st.integers(0, 40))
+def test_tail_words_is_a_whole_word_suffix(texts: list[str], limit: int) -> None:
+    text = " ".join(texts)
+    tail = tail_words(text, limit)
+    assert len(tail) <= limit
+    assert text.endswith(tail)
+    if tail and len(tail) < len(text):
+        assert text[len(text) - len(tail) - 1] == " "
+
+
+# -- the prompt budget shared by previous text and prefix -------------------------------------
+
+
+def test_a_prompt_that_would_overflow_keeps_its_newest_tokens() -> None:
+    previous = list(range(1000, 1300))  # 300 tokens: more than the 223 Whisper keeps
+    prefix = list(range(50))
+    kept_previous, kept_prefix = fit_prompt(previous, prefix)
+    assert kept_prefix == prefix
+    assert len(kept_previous) + len(kept_prefix) == PROMPT_BUDGET_TOKENS
+    assert kept_previous == previous[-(PROMPT_BUDGET_TOKENS - 50) :]
+
+
+def test_small_prompts_are_kept_whole() -> None:
+    assert fit_prompt([1, 2, 3], [4, 5]) == ([1, 2, 3], [4, 5])
+    assert fit_prompt([], []) == ([], [])
+
+
+def test_a_prefix_over_the_budget_keeps_its_end_and_leaves_no_previous_text() -> None:
+    prefix = list(range(400))
+    kept_previous, kept_prefix = fit_prompt([7, 8], prefix)
+    assert kept_previous == []
+    assert kept_prefix == prefix[-PROMPT_BUDGET_TOKENS:]
