@@ -126,3 +126,13 @@ def test_a_prefix_over_the_budget_keeps_its_end_and_leaves_no_previous_text() ->
     kept_previous, kept_prefix = fit_prompt([7, 8], prefix)
     assert kept_previous == []
     assert kept_prefix == prefix[-PROMPT_BUDGET_TOKENS:]
+
+
+def test_forced_words_take_their_share_of_the_prefix_budget() -> None:
+    ctx = context(final(0, 2, "a" * 10), final(2, 4, "b" * 10), chars=30)
+    free = ctx.for_decode(utterance_start=4 * RATE, end_sample=6 * RATE, window_samples=WINDOW)
+    assert free.prefix == f"{'a' * 10} {'b' * 10}"
+    squeezed = ctx.for_decode(
+        utterance_start=4 * RATE, end_sample=6 * RATE, window_samples=WINDOW, forced_chars=15
+    )
+    assert (squeezed.prefix, squeezed.prompt) == ("b" * 10, "a" * 10)

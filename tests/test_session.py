@@ -671,34 +671,54 @@ def test_partials_reach_back_less_far_than_finals() -> None:
     assert second[-1].engine_request.prefix != " ".join(second[-1].forced_words)
 
 
-def test_stable_words_are_forced_into_later_decodes() -> None:
+def test_stable_words_are_forced_into_later_partials_and_kept_by_the_final() -> None:
     driver = Driver(stream=NO_CONTEXT)
     driver.send(np.concatenate([silence(0.5), tone(3.0), silence(1.0)]))
     driver.control(Control.END)
     stable = ""
     for r in driver.requests:
-        assert r.engine_request.prefix == " ".join(r.forced_words)
-        assert " ".join(r.forced_words).startswith(stable)
-        stable = " ".join(r.forced_words)
+        assert " ".join(r.stable_words).startswith(stable)
+        stable = " ".join(r.stable_words)
+        if r.kind is DecodeKind.PARTIAL:
+            assert r.engine_request.prefix == stable
+        else:
+            # The final decodes freely: a forced partial-quality prefix would spread its
+            # errors into every later decode that continues from this final.
+            assert r.engine_request.prefix == "" and r.forced_words == ()
     assert stable, "the final request carried the stable words"
     assert driver.of(Final)[0].text.startswith(stable)
 
 
-def test_a_word_split_across_the_commit_point_keeps_the_stable_word() -> None:
-    # Whisper may extend the last forced word ("fellow" -> "fellows"): the continuation
-    # "s Americans" is kept as words after it, and "fellow" stays what it was promised to be.
+def test_a_final_that_disagrees_keeps_the_stable_words_and_takes_the_rest() -> None:
+    # Whisper's final extends a stable word ("fellow" -> "fellows") and disagrees with another:
+    # the stable words stay as shown, the decode supplies what follows them.
     def decode(request: EngineRequest) -> EngineResult:
         if request.kind is DecodeKind.FINAL:
-            assert request.prefix == "And so my fellow"
-            return EngineResult(text="s Americans")
+            assert request.prefix == ""
+            return EngineResult(text="And so am I fellows Americans, ask not")
         return after_prefix(request, EngineResult(text="And so my fellow Americans"))
 
     driver = Driver(decode, stream=NO_CONTEXT)
     driver.send(np.concatenate([silence(0.5), tone(2.5), silence(1.0)]))
     driver.control(Control.END)
-    stable = driver.of(Partial)[-1].stable
-    assert stable == "And so my fellow"
-    assert driver.of(Final)[0].text == "And so my fellow s Americans"
+    assert driver.of(Partial)[-1].stable == "And so my fellow"
+    assert driver.of(Final)[0].text == "And so my fellow Americans, ask not"
+
+
+def test_later_decodes_continue_from_the_decoded_final_not_the_stable_words() -> None:
+    finals = iter(["Hello there, friend.", "Second."])
+
+    def decode(request: EngineRequest) -> EngineResult:
+        if request.kind is DecodeKind.FINAL:
+            return EngineResult(text=next(finals))
+        return after_prefix(request, EngineResult(text="hello hello there friend"))
+
+    driver = Driver(decode)
+    two_utterances(driver)
+    driver.control(Control.END)
+    second = [r for r in driver.requests if r.utterance == driver.requests[-1].utterance]
+    assert driver.of(Final)[0].text.startswith(driver.of(Partial)[0].stable)
+    assert second[-1].engine_request.prefix == "Hello there, friend."
 
 
 @settings(max_examples=60, deadline=None)
@@ -731,3 +751,18 @@ def test_context_audio_is_kept_and_then_released() -> None:
     assert len(driver.of(Final)) == 20
     for r in driver.requests:
         assert len(r.engine_request.audio) <= 30 * RATE
+
+
+def test_no_partial_reaches_into_where_a_capped_utterance_may_be_cut() -> None:
+    stream = StreamConfig(max_utterance_s=4.0, cut_search_s=1.5)
+    driver = Driver(stream=stream)
+    driver.send(np.concatenate([silence(0.5), tone(12.0), silence(1.0)]))
+    driver.control(Control.END)
+    starts = {r.utterance: r.start_sample for r in driver.requests}
+    partials = [r for r in driver.requests if r.kind is DecodeKind.PARTIAL]
+    assert partials
+    for r in partials:
+        assert r.end_sample - starts[r.utterance] <= 2.5 * RATE
+    finals = {f.segment: f.text.split() for f in driver.of(Final)}
+    for p in driver.of(Partial):
+        assert finals[p.segment][: len(p.stable.split())] == p.stable.split()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from captiond.stabilize import LocalAgreement, Split
+from captiond.stabilize import LocalAgreement, Split, keep_stable
 
 
 def test_first_hypothesis_is_all_unstable() -> None:
@@ -29,6 +30,17 @@ def test_identical_hypotheses_still_hold_back_the_last_word() -> None:
     la = LocalAgreement()
     la.update("one two three")
     assert la.update("one two three") == Split(stable=("one", "two"), unstable=("three",))
+
+
+def test_hold_back_keeps_the_edge_guess_unstable() -> None:
+    # Two partials that make the same guess at the cut-off edge ("a little bit") commit it with
+    # one word held back; with three held back the guess stays revisable.
+    one, three = LocalAgreement(), LocalAgreement(hold_back=3)
+    for la in (one, three):
+        la.update("to look at a little bit")
+        la.update("to look at a little bit which")
+    assert one.committed == ("to", "look", "at", "a", "little")
+    assert three.committed == ("to", "look", "at")
 
 
 def test_disagreement_commits_nothing() -> None:
@@ -131,3 +143,30 @@ def test_committed_only_grows_and_stable_is_committed(hypotheses: list[list[str]
             assert split.unstable == tuple(words[len(now) :])
         committed = now
         previous = words
+
+
+@pytest.mark.parametrize(
+    ("stable", "decoded", "final"),
+    [
+        ("And so my fellow", "And so am I fellow Americans.", "And so my fellow Americans."),
+        ("And so my fellow", "And so my fellows Americans", "And so my fellow Americans"),
+        ("What you are", "What your country can do for you!", "What you are can do for you!"),
+        ("the cat", "The cat, sat on the mat.", "the cat sat on the mat."),
+        ("one two three", "one two", "one two three"),
+        ("a b", "", "a b"),
+        ("", "Thank you.", "Thank you."),
+    ],
+)
+def test_keep_stable(stable: str, decoded: str, final: str) -> None:
+    assert keep_stable(stable.split(), decoded) == final
+
+
+@settings(max_examples=200)
+@given(
+    st.lists(st.sampled_from(["a", "b", "c", "the"]), max_size=6),
+    st.lists(st.sampled_from(["a", "b", "c", "the", "d."]), max_size=8),
+)
+def test_keep_stable_always_starts_with_the_stable_words(
+    stable: list[str], decoded: list[str]
+) -> None:
+    assert keep_stable(stable, " ".join(decoded)).split()[: len(stable)] == stable

@@ -43,6 +43,8 @@ class VadConfig:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StreamConfig:
     partial_interval_ms: int = 500
+    # Words at the end of a partial that never become stable (stabilize.py).
+    stable_hold_back_words: int = 1
     max_utterance_s: float = 20.0
     # Where a long utterance may be cut: the quietest frame of this last stretch.
     cut_search_s: float = 3.0

@@ -56,13 +56,18 @@ class TranscriptContext:
         self._recent.clear()
 
     def for_decode(
-        self, *, utterance_start: int, end_sample: int, window_samples: int
+        self, *, utterance_start: int, end_sample: int, window_samples: int, forced_chars: int = 0
     ) -> DecodeContext:
         """The context of a decode of audio [utterance_start, end_sample): whole finals whose
         audio fits in the window together with the utterance, newest first, within
-        `context_chars` of text; contiguous, so no final between them is left out."""
+        `context_chars` of text less the `forced_chars` of the utterance's own forced words;
+        contiguous, so no final between them is left out.
+
+        The whole prefix stays within `context_chars` because CTranslate2 counts it inside its
+        224-token decode budget: a longer prefix would cut the utterance's new words off.
+        """
         used: list[CommittedFinal] = []
-        chars = 0
+        chars = forced_chars
         for final in reversed(self._recent):
             chars += len(final.text) + 1
             if end_sample - final.start_sample > window_samples or chars > self._context_chars:

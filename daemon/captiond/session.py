@@ -7,8 +7,10 @@ before partials, and a partial is only asked for once `partial_interval_ms` of n
 so under load partials simply come less often.
 
 Every decode continues the session's transcript (context.py): its window reaches back over
-earlier finals' audio and their text is forced as Whisper's prefix, followed by the utterance's
-stable words, so only new words come back and stable words always reach the final unchanged.
+earlier finals' audio and their decoded text is forced as Whisper's prefix, so only new words
+come back. Partials also force the utterance's stable words. Finals do not (partial-quality
+words would spread into every later decode); the final sent keeps the stable words verbatim and
+takes the rest from the decode (stabilize.keep_stable), so it never contradicts them.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from captiond.protocol import (
     SpeechStopped,
     StreamParams,
 )
-from captiond.stabilize import LocalAgreement
+from captiond.stabilize import LocalAgreement, keep_stable
 from captiond.vad import UtteranceEnd, UtteranceStart, Vad, VadEvent, VadSegmenter
 
 # Audio kept behind the stream's end while no utterance is open: the segmenter may open one
@@ -65,11 +67,13 @@ class SessionState(enum.Enum):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DecodeRequest:
     """A decode the session wants: the utterance's span of stream audio (the engine request's
-    audio may start earlier, for context) and the utterance's words forced as its prefix."""
+    audio may start earlier, for context), its stable words when asked, and which of them the
+    decode was forced to start with (a partial's; none for a final)."""
 
     utterance: int
     start_sample: int
     end_sample: int
+    stable_words: tuple[str, ...]
     forced_words: tuple[str, ...]
     engine_request: EngineRequest
 
@@ -104,6 +108,12 @@ class StreamSession:
         self._framer = Framer()
         self._segmenter = VadSegmenter(vad, config.vad, config.stream)
         self._partial_interval_samples = ms_to_samples(config.stream.partial_interval_ms)
+        # Partials stop where a capped utterance may be cut (vad.py: the quietest frame of the
+        # last `cut_search_s`): a word stabilised beyond the cut would belong to the next
+        # segment, and its final would either contradict it or repeat it.
+        self._partial_limit_samples = ms_to_samples(
+            round((config.stream.max_utterance_s - config.stream.cut_search_s) * 1000)
+        )
         self._utterances = count()
         self._open: _Utterance | None = None
         self._closed: deque[_Utterance] = deque()
@@ -176,7 +186,7 @@ class StreamSession:
         # (a word split across the commit point): stable words are a promise.
         text = " ".join((*request.forced_words, *new.split()))
         if request.kind is DecodeKind.FINAL:
-            self._finish(self._closed.popleft(), request, text)
+            self._finish(self._closed.popleft(), request, decoded=text)
         elif self._open is not None and self._open.index == request.utterance and text:
             self._show_partial(self._open, request, text)
         self._maybe_done()
@@ -235,7 +245,9 @@ class StreamSession:
         for event in events:
             if isinstance(event, UtteranceStart):
                 self._open = _Utterance(
-                    index=next(self._utterances), start_sample=event.start_sample
+                    index=next(self._utterances),
+                    start_sample=event.start_sample,
+                    agreement=LocalAgreement(self._stream.stable_hold_back_words),
                 )
                 self._outbox.append(SpeechStarted(start_ms=samples_to_ms(event.start_sample)))
             elif isinstance(event, UtteranceEnd) and self._open is not None:
@@ -246,6 +258,8 @@ class StreamSession:
 
     def _partial_due(self, utt: _Utterance) -> bool:
         end = self._buffer.end_sample
+        if end - utt.start_sample > self._partial_limit_samples:
+            return False
         since = end - max(utt.partial_end_sample, utt.start_sample)
         return since >= self._partial_interval_samples
 
@@ -255,10 +269,14 @@ class StreamSession:
         window = (
             self._final_window_samples if kind is DecodeKind.FINAL else self._partial_window_samples
         )
+        stable = utt.agreement.committed
+        forced = stable if kind is DecodeKind.PARTIAL else ()
         context = self._context.for_decode(
-            utterance_start=utt.start_sample, end_sample=end, window_samples=window
+            utterance_start=utt.start_sample,
+            end_sample=end,
+            window_samples=window,
+            forced_chars=len(" ".join(forced)),
         )
-        forced = utt.agreement.committed
         gate_from: int | None = None
         if not utt.speech_confirmed:
             gate_from = utt.start_sample
@@ -269,6 +287,7 @@ class StreamSession:
             utterance=utt.index,
             start_sample=utt.start_sample,
             end_sample=end,
+            stable_words=stable,
             forced_words=forced,
             engine_request=EngineRequest(
                 audio=self._buffer.slice(context.start_sample, end),
@@ -323,7 +342,10 @@ class StreamSession:
             )
         )
 
-    def _finish(self, utt: _Utterance, request: DecodeRequest, text: str) -> None:
+    def _finish(self, utt: _Utterance, request: DecodeRequest, decoded: str) -> None:
+        """Send the utterance's final: its stable words, then the decode's words after them;
+        the decode's own text is what later decodes continue from."""
+        text = keep_stable(request.stable_words, decoded)
         # An utterance that showed nothing and decoded to nothing leaves no trace; one that
         # showed partials always gets its one final, possibly empty, so clients clear it.
         if text or utt.segment is not None:
@@ -337,7 +359,7 @@ class StreamSession:
             )
         self._context.commit(
             CommittedFinal(
-                start_sample=request.start_sample, end_sample=request.end_sample, text=text
+                start_sample=request.start_sample, end_sample=request.end_sample, text=decoded
             )
         )
         self._trim_buffer()

@@ -3,13 +3,20 @@
 Sans-I/O, one instance per open utterance, on the event-loop thread. Every partial decode of an
 utterance starts at the utterance's first sample, so consecutive hypotheses share a prefix. A word
 becomes stable once two consecutive hypotheses agree on it and on every word before it; stable
-words are never retracted. The last word of the older hypothesis is held back: it was decoded at
-the edge of the audio, where Whisper often completes a cut-off word.
+words are never retracted. The last `hold_back` words of the older hypothesis are held back: they
+were decoded at the edge of the audio, where Whisper completes a cut-off word with a guess, and
+two partials half a second apart can make the same guess. Stable words are forced into every
+later decode of the segment, so a wrong one would stay wrong.
 """
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+# How far (in words) a final decode may shift a stable word and still be matched with it.
+_ANCHOR_SHIFT_WORDS = 3
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -23,8 +30,13 @@ def _norm(word: str) -> str:
     return word.strip(".,!?;:\"'()[]-").lower()
 
 
+def _stem(word: str) -> str:
+    return _norm(word).removesuffix("s")
+
+
 class LocalAgreement:
-    def __init__(self) -> None:
+    def __init__(self, hold_back: int = 1) -> None:
+        self._hold_back = max(1, hold_back)
         self._committed: list[str] = []
         self._previous: list[str] = []
 
@@ -36,7 +48,7 @@ class LocalAgreement:
         """Take the newest hypothesis of the whole utterance; return its stable/unstable split."""
         words = hypothesis.split()
         # Agreement of the two newest hypotheses beyond what is already committed.
-        limit = min(len(self._previous) - 1, len(words))
+        limit = min(len(self._previous) - self._hold_back, len(words))
         agreed = len(self._committed)
         while agreed < limit and _norm(self._previous[agreed]) == _norm(words[agreed]):
             agreed += 1
@@ -51,3 +63,30 @@ class LocalAgreement:
         return len(words) >= n and all(
             _norm(a) == _norm(b) for a, b in zip(self._committed, words[:n], strict=True)
         )
+
+
+def keep_stable(stable: Sequence[str], decoded: str) -> str:
+    """The final text that keeps the promise: the stable words as they were shown, then the
+    words of the final decode that come after them.
+
+    The final is decoded without the stable words forced (forcing partial-quality words into
+    the decode that later decodes continue from spreads their errors), so where the decode
+    disagrees with the stable words, the stable words win and the decode supplies the rest:
+    stable "And so my fellow" and decode "And so am I fellow Americans." give
+    "And so my fellow Americans.".
+    """
+    words = decoded.split()
+    if not stable:
+        return " ".join(words)
+    # Matched loosely: a final that extends a word ("fellows") still anchors at it.
+    matcher = difflib.SequenceMatcher(
+        None, [_stem(w) for w in stable], [_stem(w) for w in words], autojunk=False
+    )
+    # The last block of words both agree on that starts among the stable words, near where it
+    # is among them (a common word much later in the decode is no anchor), anchors the decode;
+    # stable words after it stand for as many decode words (one for one).
+    rest = len(stable)
+    for a, b, size in matcher.get_matching_blocks():
+        if size and a < len(stable) and abs(b - a) <= _ANCHOR_SHIFT_WORDS:
+            rest = b + len(stable) - a
+    return " ".join([*stable, *words[rest:]])
