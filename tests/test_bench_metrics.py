@@ -9,6 +9,7 @@ import pytest
 
 from captiond.bench.metrics import (
     Trace,
+    contradicted_stable_words,
     final_latencies_ms,
     first_text_s,
     last_final_before_done,
@@ -139,3 +140,17 @@ def test_whisperlive_segments_become_partials_and_finals() -> None:
         ("done", None, None),
     ]
     assert trace.messages[4]["trailing"] and trace.messages[1]["end_ms"] == 1500
+
+
+def test_contradicted_stable_words_counts_promises_the_final_broke() -> None:
+    kept = [
+        {"type": "partial", "segment": 0, "stable": "and so", "unstable": "my"},
+        {"type": "final", "segment": 0, "text": "and so my fellow"},
+    ]
+    broken = [
+        {"type": "partial", "segment": 0, "stable": "and so my", "unstable": ""},
+        {"type": "final", "segment": 0, "text": "and so am I"},
+        {"type": "partial", "segment": 1, "stable": "never finalised", "unstable": ""},
+    ]
+    assert contradicted_stable_words(kept) == 0
+    assert contradicted_stable_words(broken) == 1 + 2
