@@ -67,7 +67,7 @@ async def running_daemon(
     try:
         yield daemon
     finally:
-        await daemon.shutdown(timeout_s=5)
+        await daemon.shutdown()
         scheduler.stop()
 
 
@@ -100,10 +100,11 @@ async def stream_pcm(
     """Send audio in chunks (pausing between them), then `end`; return what the server said."""
     async with connect(target) as conn:
         reader = asyncio.create_task(collect(conn))
-        for start in range(0, len(pcm), chunk_samples):
-            await conn.send(pcm[start : start + chunk_samples].tobytes())
-            await asyncio.sleep(pause_s)
-        await conn.send(json.dumps({"type": "end"}))
+        with contextlib.suppress(ConnectionClosed):  # the daemon may refuse the rest
+            for start in range(0, len(pcm), chunk_samples):
+                await conn.send(pcm[start : start + chunk_samples].tobytes())
+                await asyncio.sleep(pause_s)
+            await conn.send(json.dumps({"type": "end"}))
         return await asyncio.wait_for(reader, 30)
 
 

@@ -213,8 +213,13 @@ def test_dump_toml_round_trips_changed_values(tmp_path: Path) -> None:
 _printable_text = st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs")), max_size=20)
 
 
-# Values a section checks (config._check_stream): any value within its range.
+# Values a section checks (config._check_server, _check_stream): any value within its range.
 _RANGED = {"context_s", "partial_context_s", "max_utterance_s"}
+_POSITIVE = {"idle_timeout_s", "max_audio_speed", "audio_burst_s", "max_buffered_s"}
+_POSITIVE |= {"drain_timeout_s", "max_sessions_per_ip"}
+_origins = st.lists(
+    st.sampled_from(["*", "https://app.example.com", "http://127.0.0.1:8765", "http://[::1]"])
+).map(tuple)
 
 
 def _section_strategy(cls: type[Any]) -> st.SearchStrategy[Any]:
@@ -223,6 +228,12 @@ def _section_strategy(cls: type[Any]) -> st.SearchStrategy[Any]:
         default = f.default
         if f.name in _RANGED:
             fields[f.name] = st.floats(min_value=0.0, max_value=30.0)
+        elif f.name == "allowed_origins":
+            fields[f.name] = _origins
+        elif f.name in _POSITIVE and isinstance(default, int):
+            fields[f.name] = st.integers(min_value=1, max_value=2**62)
+        elif f.name in _POSITIVE:
+            fields[f.name] = st.floats(min_value=0.001, allow_infinity=True)
         elif isinstance(default, bool):
             fields[f.name] = st.booleans()
         elif isinstance(default, int):
@@ -271,3 +282,25 @@ def test_dump_toml_round_trips_control_characters(tmp_path: Path, escape: str) -
 def test_windows_longer_than_whisper_are_refused(table: dict[str, float]) -> None:
     with pytest.raises(ConfigError, match=r"\[stream\]"):
         config_from_mapping({"stream": table})
+
+
+@pytest.mark.parametrize(
+    ("table", "match"),
+    [
+        ({"idle_timeout_s": 0}, "idle_timeout_s"),
+        ({"max_sessions_per_ip": 0}, "max_sessions_per_ip"),
+        ({"allowed_origins": "https://a.example"}, "array of strings"),
+        ({"allowed_origins": ["a.example"]}, "not an origin"),
+        ({"allowed_origins": ["null"]}, "not an origin"),
+    ],
+)
+def test_server_limits_and_origins_are_checked(table: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        config_from_mapping({"server": table})
+
+
+def test_allowed_origins_round_trip(tmp_path: Path) -> None:
+    text = '[server]\nallowed_origins = ["https://app.example.com", "*"]\n'
+    config = load_config(_write(tmp_path, text))
+    assert config.server.allowed_origins == ("https://app.example.com", "*")
+    assert load_config(_write(tmp_path, dump_toml(config))) == config

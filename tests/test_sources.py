@@ -162,7 +162,7 @@ def test_shutdown_sends_the_last_final_then_stopped_then_1001() -> None:
                 seen: list[Message] = []
                 source.feed(tone_bursts([2.0], gap_s=0.0))  # the utterance is still open
                 await read_until(viewer, lambda m: m["type"] == "speech_started", seen)
-                await daemon.shutdown(timeout_s=5)
+                await daemon.shutdown()
                 with contextlib.suppress(ConnectionClosed):
                     await read_until(viewer, lambda m: False, seen)
             assert texts(seen) and texts(seen)[0]

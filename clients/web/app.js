@@ -80,6 +80,7 @@ function micMessage(err) {
 // What the user reads when a socket closes other than after `done`.
 function closeMessage(s, event) {
   if (s.failure) return s.failure;
+  if (s.refusal) return `The daemon refused the session: ${s.refusal}`;
   const err = s.error;
   if (err && err.code === "no_such_source") {
     return `There is no caption source named "${watchName}" on this daemon. (${err.code}: ${err.message})`;
@@ -93,6 +94,20 @@ function closeMessage(s, event) {
   }
   if (event.code === 1001) return "The daemon is shutting down (close 1001).";
   return `The connection to the daemon was lost (close ${event.code}).`;
+}
+
+// A handshake the daemon refuses (token, origin) reaches a page only as close 1006; the same
+// request over plain HTTP gets the daemon's answer.
+async function refusalOf(url) {
+  try {
+    const resp = await fetch(url.replace(/^ws/, "http"), { cache: "no-store" });
+    if (resp.status === 401 || resp.status === 403) {
+      return `${(await resp.text()).trim()} (HTTP ${resp.status})`;
+    }
+  } catch (err) {
+    // Unreachable: closeMessage says so.
+  }
+  return null;
 }
 
 function openSocket(url, onReady) {
@@ -115,7 +130,8 @@ function openSocket(url, onReady) {
       if (watchName && "end_ms" in msg) setClock(msg.end_ms);
     }
   };
-  s.ws.onclose = (event) => {
+  s.ws.onclose = async (event) => {
+    if (!s.opened) s.refusal = await refusalOf(url);
     if (session === s) finish(s, event);
   };
   return s;

@@ -233,6 +233,76 @@ def _transcribe(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- journal ---------------------------------------------------------------------------------
+
+
+def _add_journal(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("journal", help="read the transcript journal ([journal] dir)")
+    actions = p.add_subparsers(dest="journal_command", required=True)
+    show = actions.add_parser("show", help="list journaled sessions, or print one's transcript")
+    show.add_argument("session", nargs="?", help="session id, unique id prefix, or a .jsonl file")
+    show.add_argument("--config", type=Path, help="TOML configuration file (its [journal] dir)")
+    show.add_argument("--dir", help="journal folder (default: [journal] dir of --config)")
+    show.add_argument("--json", action="store_true", help="print the records as JSON lines")
+    show.set_defaults(func=_journal_show)
+
+
+def _clock(ms: int) -> str:
+    s, ms = divmod(ms, 1000)
+    h, s = divmod(s, 3600)
+    return f"{h:02d}:{s // 60:02d}:{s % 60:02d}.{ms:03d}"
+
+
+def _journal_show(args: argparse.Namespace) -> int:
+    from captiond.journal_read import find_session, read_session
+
+    key: str | None = args.session
+    if key is not None and (key.endswith(".jsonl") or "/" in key):
+        session = read_session(Path(key))
+    else:
+        folder = args.dir or load_config(args.config).journal.dir
+        if not folder:
+            raise ConfigError("no journal folder: pass --dir, or --config with a [journal] dir")
+        if key is None:
+            return _journal_list(Path(folder), as_json=args.json)
+        session = find_session(Path(folder), key)
+    if args.json:
+        for record in session.records:
+            print(json.dumps(record, ensure_ascii=False, separators=(",", ":")))
+    else:
+        for final in session.finals:
+            if final.text:
+                print(f"[{_clock(final.start_ms)} → {_clock(final.end_ms)}] {final.text}")
+    return 0
+
+
+def _journal_list(folder: Path, *, as_json: bool) -> int:
+    from captiond.journal_read import list_sessions
+
+    sessions = list_sessions(folder)
+    if not sessions:
+        print(f"no journaled sessions in {folder}", file=sys.stderr)
+    elif not as_json:
+        print(f"{'started':<24}  {'session':<12}  {'finals':>6}  {'audio':>12}  status")
+    for s in sessions:
+        if as_json:
+            summary = {
+                "session": s.session,
+                "started": s.started,
+                "files": [str(f) for f in s.files],
+                "finals": len(s.finals),
+                "ended": s.ended,
+                "audio_ms": s.audio_ms,
+                "close_code": s.close_code,
+            }
+            print(json.dumps(summary, ensure_ascii=False, separators=(",", ":")))
+        else:
+            audio = "-" if s.audio_ms is None else _clock(s.audio_ms)
+            status = "ended" if s.ended else "open (crashed or live)"
+            print(f"{s.started:<24}  {s.session:<12}  {len(s.finals):>6}  {audio:>12}  {status}")
+    return 0
+
+
 # -- main ------------------------------------------------------------------------------------
 
 
@@ -244,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     _add_transcribe(sub)
     _add_service_commands(sub)
+    _add_journal(sub)
     from captiond.bench import add_bench_parser
 
     add_bench_parser(sub)

@@ -11,7 +11,8 @@ import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, get_origin, get_type_hints
+from urllib.parse import urlsplit
 
 from captiond.errors import ConfigError
 
@@ -26,6 +27,23 @@ class ServerConfig:
     max_frame_bytes: int = 256_000
     tls_cert: str = ""
     tls_key: str = ""
+    # Browsers send Origin: a page of another site must not reach the daemon with the user's
+    # network position (cross-site websocket hijacking). Same-origin pages and clients that send
+    # no Origin (CLI, apps) are let in; other origins only when listed here ("*": any).
+    allowed_origins: tuple[str, ...] = ()
+    # Websocket connections (streams and viewers) from one IP address at a time.
+    max_sessions_per_ip: int = 16
+    # A stream that sends no audio for this long is closed (keepalives do not count): a session
+    # slot is only held by a client that streams.
+    idle_timeout_s: float = 30.0
+    # Audio faster than this multiple of real time, beyond a first `audio_burst_s`, is refused
+    # (rate_limited); a stream whose decodes fall behind stops being read once it holds
+    # `max_buffered_s` of audio, until they catch up (TCP backpressure, nothing is dropped).
+    max_audio_speed: float = 10.0
+    audio_burst_s: float = 60.0
+    max_buffered_s: float = 120.0
+    # At shutdown: how long open streams get for their last finals before they are cut off.
+    drain_timeout_s: float = 10.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,6 +125,19 @@ class AuthConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class JournalConfig:
+    """The transcript journal (journal.py): every final fsync'd to disk before it is sent."""
+
+    # Empty: no journal. Otherwise one JSON-lines file per session in this folder.
+    dir: str = ""
+    # A session file that reaches this size is closed; the session goes on in a next part.
+    max_file_bytes: int = 16_000_000
+    # Retention: files older than this go first, then the oldest until the folder fits.
+    max_age_days: float = 30.0
+    max_total_bytes: int = 1_000_000_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SourceConfig:
     """One daemon-captured microphone, a `[[sources]]` table; watched at /v1/captions?source=."""
 
@@ -127,6 +158,7 @@ class Config:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    journal: JournalConfig = field(default_factory=JournalConfig)
     # An array of tables (`[[sources]]`), not a section.
     sources: tuple[SourceConfig, ...] = ()
 
@@ -137,6 +169,10 @@ def _section_types() -> dict[str, type[Any]]:
 
 
 def _check_value(where: str, value: Any, expected: type[Any]) -> Any:
+    if get_origin(expected) is tuple:  # tuple[str, ...]: a TOML array of strings
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: expected an array of strings, got {value!r}")
+        return tuple(value)
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if expected is not bool and isinstance(value, bool):
@@ -196,8 +232,41 @@ def config_from_mapping(data: dict[str, Any], base: Config | None = None) -> Con
         for name, table in data.items()
     }
     config = dataclasses.replace(base, **updates)
+    _check_server(config.server)
     _check_stream(config.stream)
+    _check_journal(config.journal)
     return config
+
+
+def _check_journal(journal: JournalConfig) -> None:
+    for key in ("max_file_bytes", "max_total_bytes", "max_age_days"):
+        if not getattr(journal, key) > 0:  # `not >`: NaN is refused too
+            raise ConfigError(f"[journal] {key} must be greater than 0")
+
+
+def _check_server(server: ServerConfig) -> None:
+    for key in ("idle_timeout_s", "max_audio_speed", "max_buffered_s", "drain_timeout_s"):
+        if getattr(server, key) <= 0:
+            raise ConfigError(f"[server] {key} must be greater than 0")
+    if server.audio_burst_s < 0 or server.max_sessions_per_ip < 1:
+        raise ConfigError("[server] audio_burst_s must be >= 0 and max_sessions_per_ip >= 1")
+    for origin in server.allowed_origins:
+        if origin != "*" and not _is_origin(origin):
+            raise ConfigError(
+                f"[server] allowed_origins: {origin!r} is not an origin like https://host:port"
+            )
+
+
+def _is_origin(origin: str) -> bool:
+    """scheme://host[:port], nothing more (what browsers send in Origin)."""
+    parts = urlsplit(origin)
+    return (
+        parts.scheme in ("http", "https")
+        and bool(parts.hostname)
+        and not parts.path
+        and not parts.query
+        and not parts.fragment
+    )
 
 
 def _check_stream(stream: StreamConfig) -> None:
@@ -246,6 +315,8 @@ def _toml_value(value: Any) -> str:
             for ch in value.replace("\\", "\\\\").replace('"', '\\"')
         )
         return f'"{escaped}"'
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return repr(value)
 
 

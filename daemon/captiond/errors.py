@@ -2,7 +2,8 @@
 
 Every error the daemon raises on purpose derives from `CaptiondError`. Errors that end a client
 session carry a protocol `code` (the `error` message's code); server.py maps them to close codes
-in one place. Pure values: used on every thread.
+in one place. Requests refused before the websocket upgrade carry their HTTP `status` instead.
+Pure values: used on every thread.
 """
 
 from __future__ import annotations
@@ -50,10 +51,34 @@ class OverloadedError(SessionError):
     code = "overloaded"
 
 
-class UnauthorizedError(SessionError):
-    """The client did not present the configured token."""
+class IdleTimeoutError(SessionError):
+    """A stream sent no audio for `[server] idle_timeout_s`."""
 
-    code = "unauthorized"
+    code = "idle_timeout"
+
+
+class RateLimitedError(SessionError):
+    """A stream sent audio faster than `[server] max_audio_speed` times real time."""
+
+    code = "rate_limited"
+
+
+class RequestRejectedError(CaptiondError):
+    """A request refused before the websocket upgrade, with an HTTP status."""
+
+    status = 400
+
+
+class UnauthorizedError(RequestRejectedError):
+    """The client did not present the configured token (RFC 6750 Bearer or ?token=)."""
+
+    status = 401
+
+
+class OriginNotAllowedError(RequestRejectedError):
+    """A browser page of another origin, not in `[server] allowed_origins`."""
+
+    status = 403
 
 
 class EngineFailedError(SessionError):

@@ -1,7 +1,9 @@
 """Logging set-up for the CLI (the daemon's modules only ever call logging.getLogger).
 
 Under systemd (JOURNAL_STREAM set) lines carry no timestamp, since journald adds its own, and
-start with the syslog priority prefix so `journalctl -p` filters work.
+start with the syslog priority prefix so `journalctl -p` filters work. At INFO the daemon logs
+one line per session; websockets' per-connection and per-request lines (access logs) only show
+at DEBUG.
 """
 
 from __future__ import annotations
@@ -30,3 +32,5 @@ def configure_logging(level: str) -> None:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    access_level = logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING
+    logging.getLogger("websockets").setLevel(access_level)

@@ -70,6 +70,8 @@ def parse_control(text: str) -> Control:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise BadMessageError(f"malformed JSON: {exc.msg} at position {exc.pos}") from exc
+    except (RecursionError, ValueError) as exc:  # nested too deep; a number too long
+        raise BadMessageError(f"not a control message: {exc}") from exc
     if not isinstance(data, dict):
         raise BadMessageError("a control message must be a JSON object with a 'type'")
     kind = data.get("type")

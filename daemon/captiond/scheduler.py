@@ -3,7 +3,8 @@
 Two sides. The asyncio side (`submit`, event-loop thread) queues a request with a future and
 awaits it. The engine thread (the only thread that touches the engine, its model and any CUDA
 context) takes finals first, then partials, oldest first, up to `max_batch`, waiting at most
-`max_wait_ms` for a batch to fill, and resolves the futures through `call_soon_threadsafe`.
+`max_wait_ms` for a batch to fill, and resolves the futures through `call_soon_threadsafe`. It
+records batch sizes, queue wait and engine time in the daemon's metrics.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from captiond.config import SchedulerConfig
 from captiond.engines import DecodeKind, Engine, EngineRequest, EngineResult
 from captiond.errors import EngineFailedError
+from captiond.metrics import Metrics
 from captiond.session import StreamSession
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,7 @@ class _Item:
     request: EngineRequest = field(compare=False)
     future: asyncio.Future[EngineResult] = field(compare=False)
     loop: asyncio.AbstractEventLoop = field(compare=False)
+    queued_monotonic: float = field(compare=False, default_factory=time.monotonic)
 
 
 @dataclass(slots=True)
@@ -40,8 +43,11 @@ class SchedulerStats:
 
 
 class InferenceScheduler:
-    def __init__(self, engine: Engine, config: SchedulerConfig) -> None:
+    def __init__(
+        self, engine: Engine, config: SchedulerConfig, metrics: Metrics | None = None
+    ) -> None:
         self._engine = engine
+        self.metrics = metrics or Metrics()
         self._max_batch = max(1, config.max_batch or engine.max_batch)
         self._max_wait_s = config.max_wait_ms / 1000
         self._pending: list[_Item] = []
@@ -105,6 +111,8 @@ class InferenceScheduler:
             live = [item for item in batch if not item.future.cancelled()]
             if not live:
                 continue
+            started = time.monotonic()
+            self._observe(live, started)
             try:
                 results = self._engine.transcribe_batch([item.request for item in live])
             except Exception as exc:  # the engine's failure fails this batch, not the daemon
@@ -117,6 +125,13 @@ class InferenceScheduler:
                     item.loop.call_soon_threadsafe(_set_result, item.future, result)
             self.stats.requests += len(live)
             self.stats.heartbeat_monotonic = time.monotonic()
+            self.metrics.engine_seconds.observe(self.stats.heartbeat_monotonic - started)
+
+    def _observe(self, batch: list[_Item], started: float) -> None:
+        self.metrics.batch_size.observe(len(batch))
+        for item in batch:
+            self.metrics.queue_wait_seconds.observe(started - item.queued_monotonic)
+            self.metrics.decode_requests.labels(kind=item.request.kind.value).inc()
 
 
 async def drive_session(

@@ -214,6 +214,15 @@ class StreamSession:
         return samples_to_ms(self._buffer.end_sample)
 
     @property
+    def params(self) -> StreamParams:
+        return self._params
+
+    @property
+    def buffered_samples(self) -> int:
+        """Audio held for decodes still to come: what a stream's memory grows with."""
+        return self._buffer.end_sample - self._buffer.start_sample
+
+    @property
     def segments(self) -> int:
         return self._segments
 

@@ -5,6 +5,8 @@ Event-loop thread only. The capture (captiond_client.mic) runs PortAudio's callb
 thread, and that callback only hands blocks to this loop; the session is touched here alone. The
 decodes go through the shared InferenceScheduler like any client stream's. A missing or vanished
 device is a logged state (`waiting_for_device`, visible to viewers) and a retry with backoff.
+With a journal, each source's finals are journaled before viewers get them, one journal session
+per source and daemon run.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import AsyncIterator, Callable
 
 from captiond import SAMPLE_RATE_HZ
@@ -20,7 +23,8 @@ from captiond.broadcast import Broadcast
 from captiond.config import Config, SourceConfig
 from captiond.engines import EngineRequest, EngineResult
 from captiond.errors import EngineFailedError
-from captiond.protocol import Control, Done, SourceStatus, StreamParams
+from captiond.journal import Journal, JournalError, SessionJournal
+from captiond.protocol import Control, Done, Final, SourceStatus, StreamParams
 from captiond.scheduler import InferenceScheduler, drive_session
 from captiond.session import SessionState, StreamSession
 from captiond.vad import Vad
@@ -70,8 +74,19 @@ class DaemonSource:
         )
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._journal: SessionJournal | None = None
 
-    def start(self) -> None:
+    def start(self, journal: Journal | None = None) -> None:
+        if journal is not None:
+            engine = self._scheduler.engine
+            self._journal = journal.open_session(
+                session=uuid.uuid4().hex[:12],
+                peer="daemon",
+                source=self.name,
+                language=self._session.params.language,
+                model=engine.model_name,
+                engine=engine.name,
+            )
         self._tasks = [
             asyncio.create_task(self._capture(), name=f"source-{self.name}-capture"),
             asyncio.create_task(self._pump(), name=f"source-{self.name}-pump"),
@@ -88,7 +103,7 @@ class DaemonSource:
         try:
             if self._session.state is SessionState.STREAMING:
                 self._session.receive_control(Control.END)
-                self._publish_messages()
+                await self._deliver()
                 self._wake.set()
             await pump
         finally:
@@ -96,6 +111,12 @@ class DaemonSource:
             self._tasks = []
             self._set_state(STOPPED, "the daemon is shutting down")
             self.broadcast.close()
+            if self._journal is not None:
+                await self._journal.close(
+                    audio_ms=self._session.audio_ms,
+                    segments=self._session.segments,
+                    close_code=1001,
+                )
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -103,8 +124,14 @@ class DaemonSource:
         self.state = state
         self.broadcast.publish(SourceStatus(name=self.name, state=state, message=message))
 
-    def _publish_messages(self) -> None:
+    async def _deliver(self) -> None:
         for message in self._session.take_messages():
+            if isinstance(message, Final) and self._journal is not None:
+                try:
+                    await self._journal.append_final(message)
+                except JournalError as exc:
+                    log.error("source %s: journal failed, no longer journaled: %s", self.name, exc)
+                    self._journal = None
             if not isinstance(message, Done):  # viewers learn of the end from the state
                 self.broadcast.publish(message)
 
@@ -123,14 +150,14 @@ class DaemonSource:
                     self._session.receive_samples(
                         resampler.process(block) if resampler is not None else block
                     )
-                    self._publish_messages()
+                    await self._deliver()
                     self._wake.set()
                 raise OSError("the audio input ended")
             except OSError as exc:
                 log.warning("source %s: %s; retrying in %.0f s", self.name, exc, delay_s)
                 # The utterance in progress ends here: decode it rather than wait for the device.
                 self._session.receive_control(Control.FINALIZE)
-                self._publish_messages()
+                await self._deliver()
                 self._wake.set()
                 self._set_state(WAITING, f"{exc}; retrying in {delay_s:.0f} s")
             await asyncio.sleep(delay_s)
@@ -146,10 +173,7 @@ class DaemonSource:
                 log.error("source %s: decode failed, dropped: %s", self.name, exc)
                 return _NOTHING
 
-        async def deliver() -> None:
-            self._publish_messages()
-
-        await drive_session(self._session, submit, self._wake, deliver)
+        await drive_session(self._session, submit, self._wake, self._deliver)
 
 
 def daemon_sources(

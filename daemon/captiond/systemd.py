@@ -132,6 +132,9 @@ LockPersonality=yes
 RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK
 SystemCallArchitectures=native
 CacheDirectory=captiond
+# /var/lib/captiond: the transcript journal's home ([journal] dir), kept across restarts.
+StateDirectory=captiond
+StateDirectoryMode=0700
 # The GPU (and the sound card) stay visible: no PrivateDevices, an explicit device list.
 DevicePolicy=closed
 DeviceAllow=/dev/nvidiactl rw
@@ -213,6 +216,16 @@ EXAMPLE_CONFIG = """\
 [server]
 host = "0.0.0.0"
 port = 8765
+# Reachable from the network: set a token (clients send `Authorization: Bearer …`), and list
+# the other sites whose pages may connect (the daemon's own page always may).
+# allowed_origins = ["https://intranet.example.com"]
+
+# [auth]
+# token = "a long random string"
+
+# Every final written to disk (fsync'd) before it is sent; read with `captiond journal show`.
+# [journal]
+# dir = "/var/lib/captiond/journal"
 
 [engine]
 # auto: the GPU engine when a GPU is visible, else faster-whisper on the CPU.

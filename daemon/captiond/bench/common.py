@@ -146,7 +146,8 @@ async def daemon_url(
     if args.url:
         yield args.url, None
         return
-    config = override(env.config, "server", port=0, max_sessions=1024)
+    # Every bench stream comes from this machine's one address.
+    config = override(env.config, "server", port=0, max_sessions=1024, max_sessions_per_ip=1024)
     scheduler = InferenceScheduler(env.engine, config.scheduler)
     scheduler.start()
     daemon = Daemon(config, scheduler)
@@ -154,7 +155,7 @@ async def daemon_url(
     try:
         yield f"ws://127.0.0.1:{daemon.port}/v1/stream", scheduler
     finally:
-        await daemon.shutdown(timeout_s=5)
+        await daemon.shutdown()
         scheduler.stop()
 
 

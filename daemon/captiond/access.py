@@ -1,0 +1,93 @@
+"""Who may open a websocket, decided before the upgrade: Origin, token, connections per IP.
+
+Sans-I/O (functions of a request's headers and query, and a counter), on the event-loop thread.
+server.py calls `check_request` from websockets' `process_request` and turns a refusal into its
+HTTP status, so a refused client never gets a websocket.
+
+The rules, as the README's security section states them:
+- Origin: browsers send it, other clients do not. A request without Origin is let in; one with
+  Origin only when it is the daemon's own origin (the page it serves) or listed in
+  `[server] allowed_origins` ("*": any, "null" included).
+- Token (when `[auth] token` is set): `Authorization: Bearer TOKEN` (RFC 6750; the scheme is
+  case-insensitive) or `?token=TOKEN`. Every credential given must be right: a wrong one is
+  never outvoted by a right one, and an Authorization header of another scheme is refused.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections import Counter
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+from captiond.errors import OriginNotAllowedError, UnauthorizedError
+
+_DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+
+
+def check_origin(origin: str | None, host: str | None, allowed: tuple[str, ...]) -> None:
+    """Refuse a cross-site page. `host` is the request's Host header."""
+    if origin is None or "*" in allowed:
+        return
+    if origin.lower().rstrip("/") in {a.lower().rstrip("/") for a in allowed}:
+        return
+    if host is not None and _same_host(origin, host):
+        return
+    raise OriginNotAllowedError(
+        f"origin {origin!r} may not connect; add it to [server] allowed_origins"
+    )
+
+
+def _same_host(origin: str, host: str) -> bool:
+    """The Origin names the host (and port) the request was sent to. A Host without a port
+    (behind a reverse proxy on 80/443) matches on the name alone."""
+    parts = urlsplit(origin)
+    if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
+        return False  # "null" (sandboxed frames, file://) or garbage
+    target = urlsplit("//" + host)
+    if not target.hostname or parts.hostname != target.hostname.lower():
+        return False
+    try:
+        origin_port = parts.port or _DEFAULT_PORTS[parts.scheme]
+        host_port = target.port
+    except ValueError:
+        return False
+    return host_port is None or host_port == origin_port
+
+
+def check_token(token: str, query: Mapping[str, str], authorization: str | None) -> None:
+    """Refuse a request without the configured token (no token configured: anyone)."""
+    if not token:
+        return
+    given: list[str] = []
+    if "token" in query:
+        given.append(query["token"])
+    if authorization is not None:
+        scheme, _, credentials = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not credentials.strip():
+            raise UnauthorizedError("the Authorization header must be 'Bearer TOKEN'")
+        given.append(credentials.strip())
+    if not given:
+        raise UnauthorizedError("a token is required: Authorization: Bearer TOKEN, or ?token=")
+    for candidate in given:
+        if not hmac.compare_digest(candidate.encode(), token.encode()):
+            raise UnauthorizedError("wrong token")
+
+
+class ConnectionsPerIp:
+    """Open websocket connections per client IP address."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._open: Counter[str] = Counter()
+
+    def try_open(self, ip: str) -> bool:
+        if self._open[ip] >= self._limit:
+            return False
+        self._open[ip] += 1
+        return True
+
+    def close(self, ip: str) -> None:
+        self._open[ip] -= 1
+        if self._open[ip] <= 0:
+            del self._open[ip]

@@ -1,0 +1,119 @@
+"""Reading the transcript journal back (`captiond journal show`): sessions, their finals.
+
+Runs on the caller's thread (the CLI's main thread). Tolerates what a crash leaves: a torn last
+line is ignored, a session without an `end` record is reported as not ended.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from captiond.journal import JOURNAL_FILE_NAME, JournalError
+
+log = logging.getLogger(__name__)
+
+_FINAL_KEYS = {"segment", "start_ms", "end_ms", "text", "at"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JournaledFinal:
+    segment: int
+    start_ms: int
+    end_ms: int
+    text: str
+    at: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JournalSession:
+    session: str
+    started: str
+    files: tuple[Path, ...]
+    finals: tuple[JournaledFinal, ...]
+    ended: bool
+    close_code: int | None = None
+    audio_ms: int | None = None
+    # Every record of every part, in order (`journal show --json`).
+    records: tuple[dict[str, Any], ...] = field(default=(), repr=False)
+
+
+def _read_records(path: Path) -> list[dict[str, Any]]:
+    """A file's records; an incomplete last line (a crash mid-write) and bad lines are skipped."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise JournalError(f"cannot read {str(path)!r}: {exc.strerror}") from exc
+    records = []
+    for number, raw in enumerate(data.split(b"\n")[:-1], start=1):
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            log.warning("%s:%d: not a journal record, skipped", path, number)
+    return records
+
+
+def _session_of(stem: str, parts: list[Path]) -> JournalSession:
+    records = [r for path in parts for r in _read_records(path)]
+    header = next((r for r in records if r.get("type") == "session"), {})
+    end = next((r for r in reversed(records) if r.get("type") == "end"), None)
+    finals = tuple(
+        JournaledFinal(**{k: r[k] for k in _FINAL_KEYS})
+        for r in records
+        if r.get("type") == "final" and r.keys() >= _FINAL_KEYS
+    )
+    stamp, _, safe_id = stem.partition("-")
+    return JournalSession(
+        session=str(header.get("session", safe_id)),
+        started=str(header.get("started", stamp)),
+        files=tuple(parts),
+        finals=finals,
+        ended=end is not None,
+        close_code=None if end is None else end.get("close_code"),
+        audio_ms=None if end is None else end.get("audio_ms"),
+        records=tuple(records),
+    )
+
+
+def _group(paths: list[Path]) -> dict[str, list[Path]]:
+    groups: dict[str, list[tuple[int, Path]]] = {}
+    for path in paths:
+        if m := JOURNAL_FILE_NAME.match(path.name):
+            groups.setdefault(m["stem"], []).append((int(m["part"] or 0), path))
+    return {stem: [p for _, p in sorted(parts)] for stem, parts in groups.items()}
+
+
+def list_sessions(dir: Path) -> list[JournalSession]:
+    """Every session journaled in `dir`, oldest first."""
+    if not dir.is_dir():
+        raise JournalError(f"journal dir {str(dir)!r} does not exist")
+    groups = _group(list(dir.iterdir()))
+    return [_session_of(stem, parts) for stem, parts in sorted(groups.items())]
+
+
+def read_session(path: Path) -> JournalSession:
+    """The session that the journal file `path` (any of its parts) belongs to."""
+    m = JOURNAL_FILE_NAME.match(path.name)
+    if m is None or not path.is_file():
+        raise JournalError(f"{str(path)!r} is not a journal file (<start>-<session>.jsonl)")
+    return _session_of(m["stem"], _group(list(path.parent.iterdir()))[m["stem"]])
+
+
+def find_session(dir: Path, key: str) -> JournalSession:
+    """The one session in `dir` whose id is `key` or starts with it."""
+    sessions = list_sessions(dir)
+    exact = [s for s in sessions if s.session == key]
+    found = exact or [s for s in sessions if s.session.startswith(key)]
+    if not found:
+        raise JournalError(f"no session {key!r} in {dir}")
+    if len(found) > 1:
+        ids = ", ".join(s.session for s in found)
+        raise JournalError(f"session {key!r} is ambiguous ({len(found)} sessions): {ids}")
+    return found[0]

@@ -1,0 +1,508 @@
+"""The hostile-client suite: a real daemon (fake engine) against what attackers and careless
+clients send. Every connection is bounded, every error answered, no caption lost."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+from conftest import read_wav_int16
+from daemon_harness import (
+    Exchange,
+    check_invariants,
+    collect,
+    make_config,
+    running_daemon,
+    stream_pcm,
+    tone_bursts,
+    url,
+)
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from captiond.config import Config
+from captiond.engines.fake import FakeEngine
+from captiond.journal_read import list_sessions
+from captiond.logs import configure_logging
+
+TOKEN = "s3cret"
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def refused_status(target: str, **kwargs: Any) -> int | None:
+    """The HTTP status of a refused handshake; None when the websocket opened."""
+    try:
+        async with connect(target, **kwargs):
+            return None
+    except InvalidStatus as exc:
+        return exc.response.status_code
+
+
+# -- before the upgrade: Origin and token -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("origin", "allowed", "status"),
+    [
+        (None, (), None),  # CLI clients and apps send no Origin
+        ("SAME", (), None),  # the page the daemon serves
+        ("http://evil.example.com", (), 403),
+        ("null", (), 403),
+        ("http://127.0.0.1:1", (), 403),  # same host, another port: another origin
+        ("https://app.example.com", ("https://app.example.com",), None),
+        ("https://other.example.com", ("https://app.example.com",), 403),
+        ("http://evil.example.com", ("*",), None),
+    ],
+)
+def test_cross_site_pages_are_refused(
+    origin: str | None, allowed: tuple[str, ...], status: int | None
+) -> None:
+    async def scenario() -> None:
+        config = make_config(server={"allowed_origins": allowed})
+        async with running_daemon(config) as daemon:
+            given = f"http://127.0.0.1:{daemon.port}" if origin == "SAME" else origin
+            for path in ("/v1/stream", "/v1/captions"):
+                assert await refused_status(url(daemon, path), origin=given) == status, path
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("query", "headers", "status"),
+    [
+        ("", {}, 401),
+        (f"token={TOKEN}", {}, None),
+        ("", {"Authorization": f"Bearer {TOKEN}"}, None),
+        ("", {"Authorization": f"bearer {TOKEN}"}, None),  # the scheme is case-insensitive
+        ("", {"Authorization": TOKEN}, 401),  # no scheme
+        ("", {"Authorization": f"Basic {TOKEN}"}, 401),
+        ("token=wrong", {"Authorization": f"Bearer {TOKEN}"}, 401),  # no outvoting
+        (f"token={TOKEN}", {"Authorization": "Bearer wrong"}, 401),
+        ("token=", {}, 401),
+    ],
+)
+def test_token_rule_is_checked_before_the_upgrade(
+    query: str, headers: dict[str, str], status: int | None
+) -> None:
+    async def scenario() -> None:
+        async with running_daemon(make_config(auth={"token": TOKEN})) as daemon:
+            got = await refused_status(url(daemon, query=query), additional_headers=headers)
+            assert got == status
+
+    run(scenario())
+
+
+# -- holding slots ------------------------------------------------------------------------------
+
+
+def test_idle_sessions_are_closed_and_cannot_lock_the_daemon_out() -> None:
+    async def scenario() -> None:
+        config = make_config(server={"max_sessions": 2, "idle_timeout_s": 0.5})
+        async with running_daemon(config) as daemon:
+            squatters = [await connect(url(daemon)) for _ in range(2)]
+            for conn in squatters:
+                assert json.loads(await conn.recv())["type"] == "ready"
+
+            async def keepalive_only(conn: ClientConnection) -> Exchange:
+                reader = asyncio.create_task(collect(conn))
+                while not reader.done():
+                    await conn.send(json.dumps({"type": "keepalive"}))
+                    await asyncio.sleep(0.1)
+                return await reader
+
+            exchanges = await asyncio.gather(collect(squatters[0]), keepalive_only(squatters[1]))
+            for ex in exchanges:
+                assert [e["code"] for e in ex.of("error")] == ["idle_timeout"]
+                assert ex.close_code == 4408
+            ok = await stream_pcm(url(daemon), tone_bursts([1.0]))
+            assert ok.close_code == 1000 and ok.of("done")
+
+    run(scenario())
+
+
+def test_connections_per_ip_are_limited() -> None:
+    async def scenario() -> None:
+        config = make_config(server={"max_sessions_per_ip": 2})
+        async with running_daemon(config) as daemon:
+            first = [await connect(url(daemon)) for _ in range(2)]
+            async with connect(url(daemon, "/v1/captions", "source=x")) as third:
+                ex = await collect(third)
+            assert ex.of("error")[0]["code"] == "overloaded" and ex.close_code == 1013
+            for conn in first:
+                await conn.close()
+            ok = await stream_pcm(url(daemon), tone_bursts([1.0]))
+            assert ok.close_code == 1000
+
+    run(scenario())
+
+
+# -- floods -------------------------------------------------------------------------------------
+
+
+def test_audio_faster_than_allowed_is_refused_after_its_finals() -> None:
+    async def scenario() -> Exchange:
+        config = make_config(server={"max_audio_speed": 4.0, "audio_burst_s": 6.0})
+        async with running_daemon(config) as daemon:
+            # 3 bursts (6 s of audio) fit the burst; the next 20 s at once do not.
+            ex = await stream_pcm(url(daemon), np.concatenate([tone_bursts([1.0] * 3)] * 5))
+        return ex
+
+    ex = run(scenario())
+    check_invariants(ex)
+    assert ex.of("error")[0]["code"] == "rate_limited" and ex.close_code == 4029
+    assert len(ex.of("final")) >= 3, "the finals of the audio before the refusal were delivered"
+    assert not ex.of("done")
+
+
+async def _flood(target: str, seconds_of_audio: int) -> Exchange:
+    """Send audio as fast as the socket takes it (100 ms frames of a loud tone)."""
+    frame = tone_bursts([0.1], gap_s=0.0).tobytes()
+    async with connect(target) as conn:
+        reader = asyncio.create_task(collect(conn))
+        with contextlib.suppress(ConnectionClosed):
+            for _ in range(seconds_of_audio * 10):
+                await conn.send(frame)
+            await conn.send(json.dumps({"type": "end"}))
+        return await asyncio.wait_for(reader, 120)
+
+
+def test_memory_under_an_audio_flood_is_bounded() -> None:
+    """The issue's probe sent 4,067 s of audio in 10 s (RSS +401 MB). Refused by the speed
+    limit; and with the limit lifted, the buffered-audio cap and backpressure bound it."""
+    process = psutil.Process()
+
+    async def scenario(config: Config, seconds: int) -> tuple[Exchange, int]:
+        async with running_daemon(config, engine=FakeEngine(delay_s=0.05)) as daemon:
+            before = process.memory_info().rss
+            ex = await _flood(url(daemon), seconds)
+            return ex, process.memory_info().rss - before
+
+    limited, limited_growth = run(scenario(make_config(), 4_000))
+    assert limited.close_code == 4029
+    # No speed limit: the reader stops reading while 10 s of audio wait for decodes.
+    unlimited = make_config(server={"max_audio_speed": 1e6, "max_buffered_s": 10.0})
+    slow, slow_growth = run(scenario(unlimited, 300))
+    assert slow.close_code == 1000 and slow.of("done")
+    print(
+        f"RSS growth: rate-limited {limited_growth >> 20} MB, backpressure {slow_growth >> 20} MB"
+    )
+    assert limited_growth < 100 << 20 and slow_growth < 100 << 20
+
+
+# -- malformed input ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        "[" * 100_000,
+        "[" * 3_000,  # small, but nested beyond the JSON parser's depth
+        '{"type": "end", "n": ' + "9" * 5_000 + "}",
+        "x" * 10_000,
+    ],
+)
+def test_huge_or_deep_json_is_a_bad_message(frame: str) -> None:
+    async def scenario() -> Exchange:
+        async with running_daemon() as daemon, connect(url(daemon)) as conn:
+            await conn.send(frame)
+            return await collect(conn)
+
+    ex = run(scenario())
+    assert ex.of("error")[0]["code"] == "bad_message" and ex.close_code == 1008
+
+
+async def _raw_frame(target: str, frame: bytes) -> Exchange:
+    """Send bytes no websocket library would send, after a normal handshake."""
+    async with connect(target) as conn:
+        assert json.loads(await conn.recv())["type"] == "ready"
+        assert conn.transport is not None
+        conn.transport.write(frame)
+        return await collect(conn)
+
+
+_MASK = b"\x00\x00\x00\x00"  # a zero mask leaves the payload as it is
+
+
+@pytest.mark.parametrize(
+    ("frame", "code", "close"),
+    [
+        # a binary frame of 2 MB: over websockets' hard limit, refused before it is read
+        (b"\x82\xff" + (2_000_000).to_bytes(8, "big") + _MASK, "too_large", 1009),
+        (b"\x81\x82" + _MASK + b"\xff\xfe", "bad_message", 1007),  # text, invalid UTF-8
+        (b"\x83\x80" + _MASK, "bad_message", 1002),  # reserved opcode 3
+    ],
+)
+def test_transport_refusals_are_answered_with_our_error(
+    frame: bytes, code: str, close: int
+) -> None:
+    async def scenario() -> Exchange:
+        async with running_daemon() as daemon:
+            return await _raw_frame(url(daemon), frame)
+
+    ex = run(scenario())
+    assert [e["code"] for e in ex.of("error")] == [code] and ex.close_code == close
+
+
+def test_frames_after_end_get_their_error_after_every_final() -> None:
+    async def scenario() -> Exchange:
+        async with (
+            running_daemon(engine=FakeEngine(delay_s=0.2)) as daemon,
+            connect(url(daemon)) as conn,
+        ):
+            reader = asyncio.create_task(collect(conn))
+            for _ in range(2):
+                await conn.send(tone_bursts([1.0] * 2).tobytes())
+            await conn.send(json.dumps({"type": "end"}))
+            await conn.send(b"\x00\x00" * 160)
+            await conn.send(json.dumps({"type": "finalize"}))
+            return await asyncio.wait_for(reader, 30)
+
+    ex = run(scenario())
+    check_invariants(ex)
+    assert len(ex.of("final")) == 4
+    assert ex.messages[-1]["type"] == "error" and ex.messages[-1]["code"] == "bad_message"
+    assert ex.close_code == 1008
+
+
+# -- fuzzing beside an honest stream ------------------------------------------------------------
+
+
+def _fuzz_frame(rng: random.Random) -> bytes | str:
+    """Mostly what a client may send (so connections live a while), sometimes not."""
+    kind = rng.random()
+    if kind < 0.75:  # plausible audio
+        return rng.randbytes(2 * rng.randint(1, 4000))
+    if kind < 0.83:
+        return json.dumps({"type": rng.choice(["keepalive", "finalize", "end", "dance", 3])})
+    if kind < 0.87:  # odd byte counts
+        return rng.randbytes(2 * rng.randint(0, 400) + 1)
+    if kind < 0.92:  # JSON-ish garbage
+        alphabet = '{}[]":,0123456789.e-truefalsnl type'
+        return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 200)))
+    if kind < 0.98:
+        return rng.randbytes(rng.randint(0, 300)).decode("latin-1")
+    return rng.randbytes(rng.randint(256_001, 300_000))  # over the frame limit
+
+
+def test_fuzzed_frames_never_change_an_honest_stream() -> None:
+    frames_total = 10_000
+    rng = random.Random(20261123)
+    pcm = tone_bursts([1.5, 0.7, 2.2, 1.1])
+
+    async def fuzz_connection(target: str, budget: int, closes: Counter[int]) -> int:
+        sent = 0
+        query = rng.choice(["", "encoding=f32le", "sample_rate=48000", "sample_rate=9"])
+        async with connect(target + ("?" + query if query else ""), max_size=None) as conn:
+            reader = asyncio.create_task(collect(conn))
+            while sent < budget and not reader.done():
+                try:
+                    await conn.send(_fuzz_frame(rng))
+                except ConnectionClosed:
+                    break
+                sent += 1
+            if not reader.done():
+                await conn.close()
+            ex = await asyncio.wait_for(reader, 60)
+        closes[ex.close_code or 0] += 1
+        if ex.of("ready"):
+            check_invariants(ex)
+        else:  # refused at once: one error, nothing else
+            assert [m["type"] for m in ex.messages] == ["error"]
+        return sent
+
+    async def scenario() -> tuple[Exchange, Exchange, Counter[int], int]:
+        config = make_config(server={"max_sessions_per_ip": 1_000, "max_sessions": 1_000})
+        async with running_daemon(config) as daemon:
+            alone = await stream_pcm(url(daemon), pcm, pause_s=0.01)
+            closes: Counter[int] = Counter()
+            honest = asyncio.create_task(stream_pcm(url(daemon), pcm, pause_s=0.01))
+            sent = 0
+            while sent < frames_total:
+                batch = [fuzz_connection(url(daemon), 200, closes) for _ in range(8)]
+                sent += sum(await asyncio.gather(*batch))
+            return alone, await honest, closes, sent
+
+    alone, honest, closes, sent = run(scenario())
+    print(f"fuzzed frames: {sent}; close codes: {dict(sorted(closes.items()))}")
+    assert sent >= frames_total
+    assert set(closes) <= {1000, 1002, 1007, 1008, 1009}, closes
+    check_invariants(honest)
+    assert honest.of("final") == alone.of("final") and honest.close_code == 1000
+
+
+# -- logs ---------------------------------------------------------------------------------------
+
+
+def test_info_logs_one_line_per_session(caplog: pytest.LogCaptureFixture) -> None:
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    configure_logging("info")  # as `captiond serve` does
+    root.addHandler(caplog.handler)
+
+    async def scenario() -> None:
+        async with running_daemon() as daemon:
+            for _ in range(3):
+                await stream_pcm(url(daemon), tone_bursts([0.5]))
+
+    try:
+        run(scenario())
+    finally:
+        root.handlers[:], root.level = saved
+    sessions = [r for r in caplog.records if r.getMessage().startswith("session ")]
+    assert len(sessions) == 3
+    assert not [r for r in caplog.records if r.name.startswith("websockets")]
+
+
+# -- the journal survives kill -9 ---------------------------------------------------------------
+
+
+def test_every_final_a_client_received_is_in_the_journal_after_kill_9(
+    tmp_path: Path, speech_dir: Path, speech_manifest: list[dict[str, Any]]
+) -> None:
+    """A real `captiond serve` process (fake engine, real VAD on real speech) killed with
+    SIGKILL mid-stream: every final the client had received is in the journal."""
+    journal_dir = tmp_path / "journal"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = tmp_path / "captiond.toml"
+    config.write_text(f'[server]\nport = {port}\n[journal]\ndir = "{journal_dir}"\n')
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "captiond.cli", "serve", "--config", str(config), "--engine=fake"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    lines = [proc.stderr.readline()]
+    while "ready: ws://" not in lines[-1] and lines[-1]:
+        lines.append(proc.stderr.readline())
+    assert "ready: ws://" in lines[-1], "".join(lines)
+    long = next(m for m in speech_manifest if m["kind"] == "long")
+    pcm = read_wav_int16(speech_dir / long["file"])
+
+    async def stream_until_killed() -> list[dict[str, Any]]:
+        finals: list[dict[str, Any]] = []
+        async with connect(f"ws://127.0.0.1:{port}/v1/stream") as conn:
+
+            async def read() -> None:
+                with contextlib.suppress(ConnectionClosed):
+                    async for raw in conn:
+                        message = json.loads(raw)
+                        if message["type"] == "final":
+                            finals.append(message)
+                            if len(finals) == 5:
+                                proc.kill()
+
+            reader = asyncio.create_task(read())
+            with contextlib.suppress(ConnectionClosed):
+                for start in range(0, len(pcm), 3200):  # 5x real time
+                    await conn.send(pcm[start : start + 3200].tobytes())
+                    await asyncio.sleep(0.04)
+                    if reader.done():
+                        break
+            await asyncio.wait_for(reader, 30)
+        return finals
+
+    try:
+        received = run(stream_until_killed())
+    finally:
+        proc.kill()
+        proc.wait()
+    assert len(received) >= 5, "the daemon was killed mid-stream"
+    (session,) = list_sessions(journal_dir)
+    assert not session.ended, "no end record: the daemon died"
+    journaled = {(f.segment, f.start_ms, f.end_ms, f.text) for f in session.finals}
+    for final in received:
+        assert (final["segment"], final["start_ms"], final["end_ms"], final["text"]) in journaled
+
+
+def test_a_hung_client_holds_shutdown_no_longer_than_the_drain_timeout() -> None:
+    """A client that completes the handshake, sends audio, then never reads again (so never
+    answers the close): shutdown ends after `drain_timeout_s`, not after the 10 s it used to."""
+
+    async def scenario() -> float:
+        config = make_config(server={"drain_timeout_s": 0.5})
+        async with running_daemon(config, engine=FakeEngine(delay_s=0.1)) as daemon:
+            reader, writer = await asyncio.open_connection("127.0.0.1", daemon.port)
+            writer.write(
+                b"GET /v1/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                b"Sec-WebSocket-Version: 13\r\n\r\n"
+            )
+            assert b"101" in await reader.readline()
+            audio = tone_bursts([1.0], gap_s=0.0)[:16000].tobytes()
+            writer.write(b"\x82\xff" + len(audio).to_bytes(8, "big") + _MASK + audio)
+            await writer.drain()
+            await asyncio.sleep(0.3)
+            started = asyncio.get_running_loop().time()
+            await daemon.shutdown()
+            elapsed_s = asyncio.get_running_loop().time() - started
+            writer.close()
+            return elapsed_s
+
+    elapsed_s = run(scenario())
+    assert elapsed_s < 3.0, f"shutdown took {elapsed_s:.1f} s"
+
+
+# -- metrics ------------------------------------------------------------------------------------
+
+
+def test_metrics_are_scraped_by_the_prometheus_parser() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async def scenario() -> tuple[Exchange, str, int]:
+        async with running_daemon(make_config(auth={"token": TOKEN})) as daemon:
+            ex = await stream_pcm(url(daemon, query=f"token={TOKEN}"), tone_bursts([1.0, 2.0]))
+            assert await refused_status(url(daemon)) == 401
+            base = f"http://127.0.0.1:{daemon.port}/metrics"
+            text = await asyncio.to_thread(_get, base, {"Authorization": f"Bearer {TOKEN}"})
+            try:
+                await asyncio.to_thread(_get, base, {})
+                status = 200
+            except urllib.error.HTTPError as exc:
+                status = exc.code
+            return ex, text, status
+
+    ex, text, unauthenticated = run(scenario())
+    assert unauthenticated == 401, "/metrics needs the token like the streams"
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("captiond_sessions_total", ())] == 1
+    assert samples[("captiond_sessions_open", ())] == 0
+    audio_s = len(tone_bursts([1.0, 2.0])) / 16_000
+    assert samples[("captiond_audio_seconds_total", ())] == pytest.approx(audio_s)
+    assert samples[("captiond_refused_total", (("reason", "Unauthorized"),))] == 1
+    assert samples[("captiond_closes_total", (("code", "1000"),))] == 1
+    finals = len(ex.of("final"))
+    assert samples[("captiond_decode_requests_total", (("kind", "final"),))] == finals
+    assert samples[("captiond_final_latency_seconds_count", ())] == finals
+    assert samples[("captiond_partial_lag_seconds_count", ())] == len(ex.of("partial"))
+    assert samples[("captiond_batch_size_count", ())] >= 1
+    assert samples[("captiond_engine_seconds_count", ())] >= 1
+
+
+def _get(target: str, headers: dict[str, str]) -> str:
+    request = urllib.request.Request(target, headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        body: bytes = response.read()
+        return body.decode()
