@@ -507,11 +507,13 @@ def test_partials_false_never_asks_for_partials() -> None:
     assert [f.segment for f in driver.of(Final)] == [0, 1, 2]
 
 
-def test_final_requests_use_the_configured_beam() -> None:
-    driver = Driver(stream=StreamConfig(final_beam_size=5))
+@pytest.mark.parametrize("partial_beam", [1, 3])
+def test_requests_use_the_configured_beams(partial_beam: int) -> None:
+    driver = Driver(stream=StreamConfig(final_beam_size=5, partial_beam_size=partial_beam))
     two_utterances(driver)
+    assert {r.kind for r in driver.requests} == {DecodeKind.FINAL, DecodeKind.PARTIAL}
     for r in driver.requests:
-        expected = 5 if r.kind is DecodeKind.FINAL else 1
+        expected = 5 if r.kind is DecodeKind.FINAL else partial_beam
         assert r.engine_request.beam_size == expected
 
 

@@ -376,3 +376,28 @@ def test_microphone_captions_reach_viewers_and_the_mic_client(
     client_counts = word_errors(reference, client_text)
     print(f"client: {client_text!r} WER {client_counts.wer:.3f}")
     assert client_counts.wer <= 0.25, (client_text, reference)
+
+
+def test_a_sources_finals_are_journaled_before_viewers_get_them(tmp_path: Path) -> None:
+    from captiond.config import JournalConfig
+    from captiond.journal_read import list_sessions
+
+    source = ScriptedInput()
+    config = dataclasses.replace(source_config(), journal=JournalConfig(dir=str(tmp_path)))
+
+    async def scenario() -> list[Message]:
+        async with (
+            running_daemon(config, audio_input=source) as daemon,
+            connect(url(daemon, "/v1/captions", "source=room")) as viewer,
+        ):
+            seen: list[Message] = []
+            source.feed(tone_bursts([1.0, 1.0]))
+            await read_until(viewer, lambda m: len(texts([m])) == 1 and m["segment"] == 1, seen)
+            (live,) = list_sessions(tmp_path)
+            assert len(live.finals) == 2 and not live.ended
+            return seen
+
+    seen = asyncio.run(scenario())
+    (session,) = list_sessions(tmp_path)
+    assert [f.text for f in session.finals] == texts(seen)
+    assert session.ended and session.close_code == 1001

@@ -79,6 +79,9 @@ class StreamConfig:
     prompt_chars: int = 600
     # Beam search for finals, as a whole-file decode uses (torch_graph decodes greedily).
     final_beam_size: int = 5
+    # Beam search for partials: their stable words are kept by the final, so beam partials
+    # bring streamed finals nearer the beam-5 decode, at several times a partial's CPU cost.
+    partial_beam_size: int = 1
     language: str = "en"
     # Whisper's hallucination filter for finals.
     no_speech_threshold: float = 0.6

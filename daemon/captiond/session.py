@@ -168,7 +168,9 @@ class StreamSession:
         elif self._partials and self._open is not None and self._partial_due(self._open):
             utt = self._open
             utt.partial_end_sample = self._buffer.end_sample
-            req = self._request(utt, DecodeKind.PARTIAL, utt.partial_end_sample, 1)
+            req = self._request(
+                utt, DecodeKind.PARTIAL, utt.partial_end_sample, self._stream.partial_beam_size
+            )
         else:
             return None
         self._in_flight = req
