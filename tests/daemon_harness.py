@@ -43,7 +43,7 @@ def tone_bursts(bursts_s: list[float], gap_s: float = 1.0) -> np.ndarray:
 
 def make_config(**sections: dict[str, Any]) -> Config:
     base = Config()
-    server = dataclasses.replace(base.server, port=0, **sections.pop("server", {}))
+    server = dataclasses.replace(base.server, **{"port": 0, **sections.pop("server", {})})
     config = dataclasses.replace(base, server=server)
     for name, values in sections.items():
         config = dataclasses.replace(

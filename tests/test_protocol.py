@@ -9,17 +9,22 @@ import pytest
 from captiond import PROTOCOL
 from captiond.errors import BadAudioError, BadMessageError
 from captiond.protocol import (
+    Ack,
     Control,
     Done,
     Error,
     Final,
     Partial,
     Ready,
+    Resumed,
+    ResumeRequest,
     ServerMessage,
     SpeechStarted,
     SpeechStopped,
     StreamParams,
     parse_control,
+    parse_resume,
+    parse_since,
     parse_stream_params,
 )
 
@@ -119,11 +124,39 @@ def test_parse_control_ignores_unknown_fields() -> None:
         '{"type": "stop"}',
         '{"type": "END"}',
         '{"type": ""}',
+        '{"type": "ack"}',
+        '{"type": "ack", "segment": -1}',
+        '{"type": "ack", "segment": "3"}',
+        '{"type": "ack", "segment": 1.5}',
+        '{"type": "ack", "segment": true}',
     ],
 )
 def test_parse_control_rejects(text: str) -> None:
     with pytest.raises(BadMessageError):
         parse_control(text)
+
+
+def test_parse_ack() -> None:
+    assert parse_control('{"type": "ack", "segment": 7, "x": 1}') == Ack(segment=7)
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ({}, None),
+        ({"since": "3"}, None),
+        ({"resume": "abc.x"}, ResumeRequest(token="abc.x", since=None)),
+        ({"resume": "abc.x", "since": "0"}, ResumeRequest(token="abc.x", since=0)),
+    ],
+)
+def test_parse_resume(query: dict[str, str], expected: ResumeRequest | None) -> None:
+    assert parse_resume(query) == expected
+
+
+@pytest.mark.parametrize("since", ["-1", "x", "1.5", "", "9" * 12, "\u0663"])
+def test_parse_since_rejects(since: str) -> None:
+    with pytest.raises(BadMessageError):
+        parse_since({"since": since})
 
 
 def test_parse_control_unknown_type_is_named() -> None:
@@ -137,7 +170,26 @@ _EXPECTED: list[tuple[ServerMessage, str, list[str]]] = [
     (
         Ready(session="abc", sample_rate=16_000, model="tiny.en", engine="fake"),
         "ready",
-        ["protocol", "session", "sample_rate", "model", "engine"],
+        ["protocol", "session", "sample_rate", "model", "engine", "resume_token", "resume_s"],
+    ),
+    (
+        Resumed(
+            session="abc",
+            sample_rate=16_000,
+            model="tiny.en",
+            engine="fake",
+            resume_token="abc.x",
+            resume_s=60.0,
+            audio_ms=1000,
+            received_bytes=32_000,
+            gap_ms=20_000,
+            replayed=2,
+        ),
+        "resumed",
+        [
+            *("protocol", "session", "sample_rate", "model", "engine", "resume_token", "resume_s"),
+            *("audio_ms", "received_bytes", "gap_ms", "replayed"),
+        ],
     ),
     (
         Partial(segment=0, rev=1, start_ms=0, end_ms=500, stable="hello", unstable="wor"),

@@ -173,9 +173,13 @@ def test_session_limit_answers_1013() -> None:
     run(scenario())
 
 
-def test_client_disconnect_mid_utterance() -> None:
+@pytest.mark.parametrize("resume_s", [0.0, 0.5])
+def test_client_disconnect_mid_utterance(resume_s: float) -> None:
+    """A dropped stream's session ends at once without resume, after `resume_s` with it."""
+
     async def scenario() -> None:
-        async with running_daemon(engine=FakeEngine(delay_s=0.2)) as daemon:
+        config = make_config(server={"resume_s": resume_s})
+        async with running_daemon(config, engine=FakeEngine(delay_s=0.2)) as daemon:
             async with connect(url(daemon)) as conn:
                 await conn.recv()
                 await conn.send(tone_bursts([3.0], gap_s=0.0)[:32000].tobytes())
@@ -223,6 +227,9 @@ def test_shutdown_flushes_finals_then_closes_1001() -> None:
                 ex = await asyncio.wait_for(reader, 10)
             finals = ex.of("final")
             assert len(finals) == 1 and finals[0]["text"]
+            # Not `done`: the session did not end, the daemon did (a client reconnects).
+            assert [m["type"] for m in ex.messages[-1:]] == ["error"] and not ex.of("done")
+            assert ex.of("error")[0]["code"] == "shutting_down"
             assert ex.close_code == 1001
 
     run(scenario())

@@ -116,6 +116,25 @@ def test_viewers_get_live_captions_and_late_ones_the_backlog() -> None:
     asyncio.run(scenario())
 
 
+def test_a_viewer_that_reconnects_gets_the_finals_from_its_segment() -> None:
+    """`/v1/captions?source=NAME&since=N`: the held finals from segment N, then live ones."""
+    source = ScriptedInput()
+
+    async def scenario() -> None:
+        async with running_daemon(source_config(), audio_input=source) as daemon:
+            async with connect(url(daemon, "/v1/captions", "source=room")) as first:
+                source.feed(tone_bursts([1.0, 1.0, 1.0]))
+                seen: list[Message] = []
+                await read_until(first, lambda m: len(texts(seen)) == 3, seen)
+            async with connect(url(daemon, "/v1/captions", "source=room&since=1")) as again:
+                joined: list[Message] = []
+                await read_until(again, lambda m: len(joined) == 3, joined)
+            assert joined[0]["type"] == "source"
+            assert joined[1:] == [m for m in seen if m["type"] == "final"][1:]
+
+    asyncio.run(scenario())
+
+
 def test_unknown_source_is_an_error() -> None:
     async def scenario() -> None:
         async with running_daemon(source_config(), audio_input=ScriptedInput()) as daemon:

@@ -81,10 +81,10 @@ class Framer:
 class AudioBuffer:
     """The stream's 16 kHz audio, addressed by absolute sample index; old audio can be dropped."""
 
-    def __init__(self) -> None:
+    def __init__(self, start_sample: int = 0) -> None:
         self._chunks: list[Samples] = []
         self._data: Samples = np.zeros(0, dtype=np.float32)
-        self._offset = 0  # absolute index of self._data[0]
+        self._offset = start_sample  # absolute index of self._data[0]
 
     @property
     def end_sample(self) -> int:

@@ -1,7 +1,8 @@
 """Broadcast: one daemon-side source's messages fanned out to all of its viewers.
 
 Event-loop thread only. A viewer that joins gets the source's state, then the recent finals (a
-bounded backlog), then live messages in order. Each viewer has its own queue; one that falls
+bounded backlog; a viewer that reconnects asks for those from a segment on), then live messages
+in order. Each viewer has its own queue; one that falls
 `viewer_queue_limit` messages behind is dropped (OverloadedError), so a stalled browser never
 holds back the others or grows memory without bound.
 """
@@ -22,7 +23,7 @@ _CLOSED = "closed"  # queue sentinel: the source stopped
 
 class Broadcast:
     def __init__(self, *, backlog_finals: int, viewer_queue_limit: int = 1_000) -> None:
-        self._backlog: deque[str] = deque(maxlen=backlog_finals)
+        self._backlog: deque[tuple[int, str]] = deque(maxlen=backlog_finals)  # (segment, JSON)
         self._status: str | None = None
         self._viewers: set[asyncio.Queue[str]] = set()
         self._limit = viewer_queue_limit
@@ -35,7 +36,7 @@ class Broadcast:
     def publish(self, message: ServerMessage) -> None:
         text = message.to_json()
         if isinstance(message, Final) and message.text:
-            self._backlog.append(text)
+            self._backlog.append((message.segment, text))
         elif isinstance(message, SourceStatus):
             self._status = text
         for queue in list(self._viewers):
@@ -52,11 +53,13 @@ class Broadcast:
             queue.put_nowait(_CLOSED)
         self._viewers.clear()
 
-    async def watch(self, conn: ServerConnection) -> None:
-        """Feed one viewer until the source stops; raises OverloadedError if it fell behind and
-        ConnectionClosed if it left. Anything the viewer sends is ignored."""
+    async def watch(self, conn: ServerConnection, since: int | None = None) -> None:
+        """Feed one viewer until the source stops, the backlog from segment `since` first;
+        raises OverloadedError if it fell behind and ConnectionClosed if it left. Anything the
+        viewer sends is ignored."""
         queue: asyncio.Queue[str] = asyncio.Queue()
-        for text in [*([self._status] if self._status else []), *self._backlog]:
+        backlog = [text for segment, text in self._backlog if since is None or segment >= since]
+        for text in [*([self._status] if self._status else []), *backlog]:
             queue.put_nowait(text)
         if self._closed:
             queue.put_nowait(_CLOSED)

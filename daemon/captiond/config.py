@@ -44,6 +44,10 @@ class ServerConfig:
     max_buffered_s: float = 120.0
     # At shutdown: how long open streams get for their last finals before they are cut off.
     drain_timeout_s: float = 10.0
+    # A stream whose connection drops (or whose daemon stops, with the journal on) stays
+    # resumable this long with its `resume_token`: finals the client did not acknowledge are
+    # replayed and the stream continues. 0: a dropped connection ends its session.
+    resume_s: float = 60.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -247,12 +251,18 @@ def _check_journal(journal: JournalConfig) -> None:
             raise ConfigError(f"[journal] {key} must be greater than 0")
 
 
+# A detached session holds up to `context_s` of audio: a day is plenty for any dropped meeting.
+_MAX_RESUME_S = 86_400.0
+
+
 def _check_server(server: ServerConfig) -> None:
     for key in ("idle_timeout_s", "max_audio_speed", "max_buffered_s", "drain_timeout_s"):
         if getattr(server, key) <= 0:
             raise ConfigError(f"[server] {key} must be greater than 0")
     if server.audio_burst_s < 0 or server.max_sessions_per_ip < 1:
         raise ConfigError("[server] audio_burst_s must be >= 0 and max_sessions_per_ip >= 1")
+    if not 0 <= server.resume_s <= _MAX_RESUME_S:
+        raise ConfigError(f"[server] resume_s must be between 0 and {_MAX_RESUME_S:g}")
     for origin in server.allowed_origins:
         if origin != "*" and not _is_origin(origin):
             raise ConfigError(

@@ -1,23 +1,27 @@
-"""One stream connection: its StreamSession, the reader that feeds it and the pump that runs its
-decodes and delivers what they produce.
+"""One live stream: its StreamSession, the connections that feed it (one at a time: a dropped
+client resumes), the pump that runs its decodes, and the error → close-code mapping.
 
-Event-loop thread. server.py accepts the connection, builds the session and maps the error
-this ends with to its close code; this module owns what happens in between: the stream's limits
-(frame sizes, idle time, audio speed, buffered audio), journaling each final before it is sent,
-the latency metrics, and the rule that a client error ends the input while the finals of the
-audio received so far are still delivered. `AnsweringConnection` makes websockets' own
-refusals answer with our `error` message too.
+Event-loop thread. server.py accepts a connection and finds or builds the stream; this module
+owns what happens from there: the stream's limits (frame sizes, idle time, audio speed,
+buffered audio), journaling each final before it is sent, holding finals until the client
+acknowledges them, the latency metrics, and the rule that a client error ends the input while
+the finals of the audio received so far are still delivered. A connection that drops without
+`end` detaches: the open utterance is finalised and the stream waits `[server] resume_s` for a
+resume (server.py checks the token), replaying what the client did not acknowledge.
+`AnsweringConnection` makes websockets' own refusals answer with our `error` message too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 from websockets.protocol import State
 
@@ -25,15 +29,32 @@ from captiond import SAMPLE_RATE_HZ
 from captiond.config import ServerConfig
 from captiond.engines import EngineRequest, EngineResult
 from captiond.errors import (
+    BadAudioError,
     BadMessageError,
+    EngineFailedError,
     FrameTooLargeError,
     IdleTimeoutError,
+    OverloadedError,
+    RateLimitedError,
+    ResumeFailedError,
     SessionError,
+    ShuttingDownError,
+    SourceNotFoundError,
 )
 from captiond.journal import JournalError, SessionJournal
 from captiond.limits import AudioSpeedLimit
 from captiond.metrics import Metrics
-from captiond.protocol import Control, Done, Error, Final, Partial, parse_control
+from captiond.protocol import (
+    Ack,
+    Control,
+    Done,
+    Error,
+    Final,
+    Partial,
+    ServerMessage,
+    parse_control,
+)
+from captiond.resume import HeldFinals, ResumeKey
 from captiond.scheduler import drive_session
 from captiond.session import SessionState, StreamSession
 
@@ -41,6 +62,20 @@ log = logging.getLogger(__name__)
 
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
+CLOSE_DROPPED = 1006  # no close frame: what the journal records for a session never resumed
+CLOSE_INTERNAL = 1011
+CLOSE_CODES: dict[type[SessionError], int] = {
+    ShuttingDownError: 1001,
+    BadAudioError: 1007,
+    BadMessageError: 1008,
+    SourceNotFoundError: 1008,
+    FrameTooLargeError: 1009,
+    EngineFailedError: 1011,
+    OverloadedError: 1013,
+    RateLimitedError: 4029,
+    IdleTimeoutError: 4408,
+    ResumeFailedError: 4410,
+}
 # The `error` code sent before websockets' own close, for what it refuses itself: a frame over
 # the hard size limit, invalid UTF-8 in a text frame, a frame no websocket may send.
 _TRANSPORT_ERRORS: dict[int, str] = {
@@ -50,6 +85,22 @@ _TRANSPORT_ERRORS: dict[int, str] = {
 }
 # Control messages are a few dozen bytes; a text frame this long is not one.
 _MAX_CONTROL_BYTES = 4_096
+
+
+def close_code_for(error: SessionError) -> int:
+    for cls in type(error).__mro__:
+        if cls in CLOSE_CODES:
+            return CLOSE_CODES[cls]
+    return CLOSE_INTERNAL
+
+
+async def send_error(conn: ServerConnection, error: SessionError) -> None:
+    """Our `error` message, then the close code it maps to."""
+    code = close_code_for(error)
+    log.info("session error %s (close %d): %s", error.code, code, error)
+    with contextlib.suppress(ConnectionClosed):
+        await conn.send(Error(code=error.code, message=str(error)).to_json())
+        await conn.close(code, error.code)
 
 
 class AnsweringConnection(ServerConnection):
@@ -70,38 +121,68 @@ class AnsweringConnection(ServerConnection):
         self.protocol.fail = fail_with_error  # type: ignore[method-assign]
 
 
-class StreamConnection:
-    """A stream's session between `ready` and the close: `run` until the session is done."""
+class LiveStream:
+    """A stream's session from its first `ready` to its end, over one connection at a time:
+    `run` (the pump) for the session's life, `serve` once per connection."""
 
     def __init__(
         self,
         *,
-        conn: ServerConnection,
+        session_id: str,
         session: StreamSession,
         config: ServerConfig,
         submit: Callable[[EngineRequest], Awaitable[EngineResult]],
         metrics: Metrics,
         journal: SessionJournal | None,
+        resume_key: ResumeKey | None,
+        received_bytes: int = 0,
     ) -> None:
+        self.id = session_id
         self.session = session
         self.journal = journal
+        self.resume_key = resume_key
+        self.held = HeldFinals()
+        self.received_bytes = received_bytes  # audio bytes taken from clients, for resends
         self.error: SessionError | None = None  # why the input ended early: sent after finals
         self.close_code = CLOSE_NORMAL
-        self._conn = conn
+        self.detached_at_s: float | None = None  # loop time the last connection dropped
+        self.finished = asyncio.Event()  # the pump is done: every final is out
+        self.released = asyncio.Event()  # nobody can take the session back any more
+        self._conn: ServerConnection | None = None
         self._config = config
         self._submit = submit
         self._metrics = metrics
+        self._done: Done | None = None
+        self._send_lock = asyncio.Lock()  # one sender at a time: a resume's replay, or the pump
+        self._expiry: asyncio.TimerHandle | None = None
+        loop = asyncio.get_running_loop()
+        self._speed = AudioSpeedLimit(
+            max_speed=config.max_audio_speed, burst_s=config.audio_burst_s, now_s=loop.time()
+        )
         self.wake = asyncio.Event()  # the session has work
         self.drained = asyncio.Event()  # a decode finished
         # (stream audio ms after a frame, loop time it arrived): when a final's end arrived.
         self.arrivals: deque[tuple[int, float]] = deque()
 
+    @property
+    def resumable(self) -> bool:
+        return self.resume_key is not None and not self.released.is_set()
+
+    @property
+    def final_code(self) -> int:
+        """The close code the session ended with (journal, log)."""
+        if self.error is not None:
+            return close_code_for(self.error)
+        return CLOSE_DROPPED if self.detached_at_s is not None else self.close_code
+
     def end_for_shutdown(self) -> None:
-        """The daemon is stopping: end the input now; the finals still come, then 1001."""
-        self.close_code = CLOSE_GOING_AWAY
-        if self.session.state is SessionState.STREAMING:
-            self.session.receive_control(Control.END)
-        self.wake.set()
+        """The daemon is stopping: end the input now; the finals still come, then the
+        `shutting_down` error and 1001 (a journaled session can be taken back after the
+        restart)."""
+        if self.error is None:
+            self.error = ShuttingDownError("the daemon is stopping; reconnect to resume")
+        self._end_input()
+        self._release()
 
     def final_latency_s(self, end_ms: int, now_s: float) -> float | None:
         """Time since the audio up to `end_ms` arrived; forgets arrivals before it (finals
@@ -111,37 +192,125 @@ class StreamConnection:
         return now_s - self.arrivals[0][1] if self.arrivals else None
 
     async def run(self) -> None:
-        """Reader and pump side by side until the session is done. A client error ends the
-        input, and the finals of the audio received so far are still delivered before it; an
-        engine failure, or a vanished client, ends both at once."""
-        reader = asyncio.create_task(self._read())
-        pump = asyncio.create_task(self._pump())
+        """Run the session's decodes, one at a time, until it is done, delivering what they
+        produce to whichever connection is attached; then wait until it can no longer be
+        resumed. An engine failure ends the session with its error."""
         try:
-            await asyncio.wait({reader, pump}, return_when=asyncio.FIRST_COMPLETED)
-            if reader.done() and not pump.done():
-                error = reader.exception()
+            await drive_session(self.session, self._submit, self.wake, self._deliver)
+            await self._deliver()
+        except SessionError as exc:
+            self.error = exc
+        except Exception:
+            log.exception("session %s failed", self.id)
+            self.error = SessionError("internal error")
+        finally:
+            self.finished.set()
+        if self.resume_key is None or self.detached_at_s is None or self.error is not None:
+            self._release()
+        await self.released.wait()
+
+    async def serve(
+        self,
+        conn: ServerConnection,
+        hello: Callable[[list[Final]], ServerMessage],
+        *,
+        resume: bool = False,
+        since: int | None = None,
+    ) -> None:
+        """Feed the session from `conn` until it drops, another connection takes the session
+        over, or the session ends (then close `conn` with the session's code). `hello` makes
+        the first message from the finals replayed after it (a resume: the held ones from
+        segment `since`)."""
+        if self._conn is not None and self._conn.transport is not None:
+            self._conn.transport.abort()  # half-open after a network drop: the new one wins
+        self.detached_at_s = None
+        if self._expiry is not None:
+            self._expiry.cancel()
+        try:
+            # Under the send lock: no live message overtakes the replay, none falls between.
+            async with self._send_lock:
+                self._conn = conn
+                replay = self.held.replay(since) if resume else []
+                await conn.send(hello(replay).to_json())
+                for final in replay:
+                    await conn.send(final.to_json())
+                if self.finished.is_set() and self.error is None and self._done is not None:
+                    await conn.send(self._done.to_json())  # it ended while the client was away
+            reader = asyncio.create_task(self._read(conn))
+            finished = asyncio.create_task(self.finished.wait())
+            try:
+                await asyncio.wait({reader, finished}, return_when=asyncio.FIRST_COMPLETED)
+                error = reader.exception() if reader.done() else None
                 if isinstance(error, SessionError):
                     self.error = error
-                    if self.session.state is SessionState.STREAMING:
-                        self.session.receive_control(Control.END)
-                    self.wake.set()
-                elif error is not None:
-                    raise error
-            await pump
-        finally:
-            reader.cancel()
-            pump.cancel()
+                    self._end_input()
+                    await self.finished.wait()
+                elif reader.done():
+                    if error is not None and not isinstance(error, ConnectionClosed):
+                        raise error
+                    if self._conn is conn:
+                        self._detach()
+                    return
+            finally:
+                reader.cancel()
+                finished.cancel()
+        except ConnectionClosed:
+            if self._conn is conn:
+                self._detach()
+            return
+        if self._conn is not conn:
+            return
+        self._release()
+        if self.error is not None:
+            await send_error(conn, self.error)
+        else:
+            with contextlib.suppress(ConnectionClosed):
+                await conn.close(self.close_code)
 
-    async def _read(self) -> None:
+    # -- detaching ---------------------------------------------------------------------------
+
+    def _detach(self) -> None:
+        """The connection dropped without `end`: finalise the open utterance now and wait
+        `resume_s` for the client (without resume, the session ends here)."""
+        self._conn = None
+        self.detached_at_s = asyncio.get_running_loop().time()
+        if self.finished.is_set():
+            if self.error is not None or self.resume_key is None:
+                self._release()
+        elif self.resume_key is None:
+            self._end_input()
+        elif self.session.state is SessionState.STREAMING:
+            self.session.receive_control(Control.FINALIZE)
+            self.wake.set()
+        if self.resume_key is not None and not self.released.is_set():
+            self._expiry = asyncio.get_running_loop().call_later(
+                self._config.resume_s, self._expire
+            )
+
+    def _expire(self) -> None:
+        if self._conn is None:
+            self._end_input()
+            self._release()
+
+    def _end_input(self) -> None:
+        if self.session.state is SessionState.STREAMING:
+            self.session.receive_control(Control.END)
+        self.wake.set()
+
+    def _release(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+        self.released.set()
+
+    # -- input -------------------------------------------------------------------------------
+
+    async def _read(self, conn: ServerConnection) -> None:
         """Feed frames to the session until the client goes away or breaks a rule. Frames
-        after `end` are still read: one that is not a keepalive is a protocol violation,
-        answered after the finals."""
+        after `end` are still read: one that is not a keepalive or ack is a protocol
+        violation, answered after the finals."""
         cfg = self._config
         session = self.session
         loop = asyncio.get_running_loop()
-        speed = AudioSpeedLimit(
-            max_speed=cfg.max_audio_speed, burst_s=cfg.audio_burst_s, now_s=loop.time()
-        )
         bytes_per_s = session.params.sample_rate_hz * session.params.bytes_per_sample
         max_buffered_samples = round(cfg.max_buffered_s * SAMPLE_RATE_HZ)
         last_audio_s = loop.time()
@@ -158,12 +327,20 @@ class StreamConnection:
                 async with asyncio.timeout_at(
                     last_audio_s + cfg.idle_timeout_s if streaming else None
                 ):
-                    message = await self._conn.recv()
+                    message = await conn.recv()
             except TimeoutError:
                 raise IdleTimeoutError(
                     f"no audio for {cfg.idle_timeout_s:g} s (keepalives do not hold a session)"
                 ) from None
-            if self.close_code == CLOSE_GOING_AWAY and session.state is not SessionState.STREAMING:
+            if isinstance(message, str) and len(message) > _MAX_CONTROL_BYTES:
+                raise BadMessageError(
+                    f"text frame of {len(message)} characters is not a control message"
+                )
+            control = parse_control(message) if isinstance(message, str) else None
+            if isinstance(control, Ack):
+                self.held.ack(control.segment)
+                continue
+            if isinstance(self.error, ShuttingDownError):
                 continue  # the daemon ended the stream for its shutdown: late audio is dropped
             if isinstance(message, bytes):
                 if len(message) > cfg.max_frame_bytes:
@@ -171,46 +348,45 @@ class StreamConnection:
                         f"frame of {len(message)} bytes; the limit is {cfg.max_frame_bytes}"
                     )
                 last_audio_s = loop.time()
-                speed.add(len(message) / bytes_per_s, last_audio_s)
+                self._speed.add(len(message) / bytes_per_s, last_audio_s)
                 session.receive_audio(message)
+                self.received_bytes += len(message)
                 self._metrics.audio_seconds.inc(len(message) / bytes_per_s)
                 self.arrivals.append((session.audio_ms, last_audio_s))
                 horizon_ms = session.audio_ms - round(cfg.max_buffered_s * 1000)
                 while self.arrivals[0][0] < horizon_ms:
                     self.arrivals.popleft()  # no final can end there: no speech for a while
-            else:
-                if len(message) > _MAX_CONTROL_BYTES:
-                    raise BadMessageError(
-                        f"text frame of {len(message)} characters is not a control message"
-                    )
-                session.receive_control(parse_control(message))
+            elif control is not None:
+                session.receive_control(control)
             self.wake.set()
 
-    async def _pump(self) -> None:
-        """Run the session's decodes one at a time and deliver what they produce."""
-
-        async def deliver() -> None:
-            self.drained.set()
-            await self._deliver()
-
-        await drive_session(self.session, self._submit, self.wake, deliver)
-        await self._deliver()
+    # -- output ------------------------------------------------------------------------------
 
     async def _deliver(self) -> None:
-        """Send what the session produced; a final is journaled before it is sent. A stream
-        that ends with an error gets its finals, then the error instead of `done`. A journal
-        that fails (disk full) is logged and given up for the session: captions keep flowing."""
+        """Send what the session produced to the attached connection, if any. A final is
+        journaled first and held until the client acknowledges it; other messages are only
+        worth sending live. A stream that ends with an error gets its finals, then the error
+        instead of `done`. A journal that fails (disk full) is logged and given up for the
+        session: captions keep flowing."""
+        self.drained.set()
         for message in self.session.take_messages():
             self._observe(message)
-            if isinstance(message, Done) and self.error is not None:
-                continue
-            if isinstance(message, Final) and self.journal is not None:
-                try:
-                    await self.journal.append_final(message)
-                except JournalError as exc:
-                    log.error("journal failed, the session is no longer journaled: %s", exc)
-                    self.journal = None
-            await self._conn.send(message.to_json())
+            if isinstance(message, Done):
+                self._done = message
+                if self.error is not None:
+                    continue
+            async with self._send_lock:
+                if isinstance(message, Final):
+                    self.held.add(message)
+                    if self.journal is not None:
+                        try:
+                            await self.journal.append_final(message)
+                        except JournalError as exc:
+                            log.error("journal failed, the session is not journaled: %s", exc)
+                            self.journal = None
+                if self._conn is not None:
+                    with contextlib.suppress(ConnectionClosed):  # its reader sees the drop
+                        await self._conn.send(message.to_json())
 
     def _observe(self, message: object) -> None:
         now_s = asyncio.get_running_loop().time()

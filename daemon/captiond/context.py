@@ -55,6 +55,12 @@ class TranscriptContext:
         self._older += [f.text for f in self._recent]
         self._recent.clear()
 
+    def remember(self, text: str) -> None:
+        """Text committed before this context existed, whose audio is gone (a session resumed
+        after a daemon restart): the prompt only."""
+        if text:
+            self._older.append(text)
+
     def for_decode(
         self, *, utterance_start: int, end_sample: int, window_samples: int, forced_chars: int = 0
     ) -> DecodeContext:

@@ -63,6 +63,18 @@ class RateLimitedError(SessionError):
     code = "rate_limited"
 
 
+class ResumeFailedError(SessionError):
+    """A resume token that is wrong, unknown or expired (`[server] resume_s`)."""
+
+    code = "resume_failed"
+
+
+class ShuttingDownError(SessionError):
+    """The daemon is stopping: sent after the stream's last finals, instead of `done`."""
+
+    code = "shutting_down"
+
+
 class RequestRejectedError(CaptiondError):
     """A request refused before the websocket upgrade, with an HTTP status."""
 

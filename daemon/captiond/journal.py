@@ -92,6 +92,10 @@ class Journal:
         self._dir_dirty = False  # writer thread only
         self._thread = threading.Thread(target=self._run, name="captiond-journal", daemon=True)
 
+    @property
+    def dir(self) -> Path:
+        return self._dir
+
     def start(self) -> None:
         """Create the folder, apply retention once, start the writer thread."""
         try:
@@ -111,15 +115,28 @@ class Journal:
             self._thread.join()
 
     def open_session(
-        self, *, session: str, peer: str, source: str | None, language: str, model: str, engine: str
+        self,
+        *,
+        session: str,
+        peer: str,
+        source: str | None,
+        language: str,
+        model: str,
+        engine: str,
+        stream: dict[str, Any] | None = None,
+        continues: str | None = None,
     ) -> SessionJournal:
-        """Start a session's file (its header line is written without waiting)."""
+        """Start a session's file (its header line is written without waiting). `stream` is
+        what a restarted daemon needs to take the session back (audio format, the resume
+        token's hash); `continues` is the file stem of a session taken back after a restart,
+        which goes on in its next part."""
         started = _now()
         safe_id = re.sub(r"[^A-Za-z0-9_-]", "_", session) or "_"
         header: dict[str, Any] = {"type": "session", "session": session, "part": 0}
         header.update(started=_iso(started), peer=peer, source=source, language=language)
-        header.update(model=model, engine=engine)
-        target = _SessionFile(stem=f"{started:%Y%m%dT%H%M%SZ}-{safe_id}", header=header)
+        header.update(model=model, engine=engine, **(stream or {}))
+        stem = continues or f"{started:%Y%m%dT%H%M%SZ}-{safe_id}"
+        target = _SessionFile(stem=stem, header=header)
         self._put(_Item(target, None))
         return SessionJournal(self, target)
 
@@ -298,7 +315,9 @@ class SessionJournal:
         record = {**final.to_dict(), "at": _iso(_now())}
         await self._journal._write(self._target, record, last=False)
 
-    async def close(self, *, audio_ms: int, segments: int, close_code: int) -> None:
+    async def close(
+        self, *, audio_ms: int, segments: int, close_code: int, received_bytes: int = 0
+    ) -> None:
         """Write the session's end record and close its file; a second call does nothing."""
         if self._closed:
             return
@@ -308,6 +327,7 @@ class SessionJournal:
             "at": _iso(_now()),
             "audio_ms": audio_ms,
             "segments": segments,
+            "received_bytes": received_bytes,
             "close_code": close_code,
         }
         await self._journal._write(self._target, record, last=True)

@@ -37,6 +37,10 @@ class JournalSession:
     ended: bool
     close_code: int | None = None
     audio_ms: int | None = None
+    # The newest header (a session taken back after a restart has one per part it went on
+    # in) and end record: what a restarted daemon resumes the session from.
+    header: dict[str, Any] = field(default_factory=dict, repr=False)
+    end: dict[str, Any] | None = field(default=None, repr=False)
     # Every record of every part, in order (`journal show --json`).
     records: tuple[dict[str, Any], ...] = field(default=(), repr=False)
 
@@ -62,8 +66,11 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
 
 def _session_of(stem: str, parts: list[Path]) -> JournalSession:
     records = [r for path in parts for r in _read_records(path)]
-    header = next((r for r in records if r.get("type") == "session"), {})
+    headers = [r for r in records if r.get("type") == "session"] or [{}]
+    header = headers[-1]
     end = next((r for r in reversed(records) if r.get("type") == "end"), None)
+    if end is not None and header and records.index(end) < records.index(header):
+        end = None  # taken back after a restart and not ended since
     finals = tuple(
         JournaledFinal(**{k: r[k] for k in _FINAL_KEYS})
         for r in records
@@ -72,12 +79,14 @@ def _session_of(stem: str, parts: list[Path]) -> JournalSession:
     stamp, _, safe_id = stem.partition("-")
     return JournalSession(
         session=str(header.get("session", safe_id)),
-        started=str(header.get("started", stamp)),
+        started=str(headers[0].get("started", stamp)),
         files=tuple(parts),
         finals=finals,
         ended=end is not None,
         close_code=None if end is None else end.get("close_code"),
         audio_ms=None if end is None else end.get("audio_ms"),
+        header=header,
+        end=end,
         records=tuple(records),
     )
 

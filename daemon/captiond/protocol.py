@@ -56,15 +56,47 @@ def parse_stream_params(query: Mapping[str, str], default_language: str) -> Stre
     return StreamParams(sample_rate_hz=rate_hz, encoding=encoding, language=language.lower())
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResumeRequest:
+    """`/v1/stream?resume=TOKEN&since=N`: take a dropped session back; replay its finals from
+    segment `since` (None: every final not acknowledged)."""
+
+    token: str
+    since: int | None
+
+
+def parse_resume(query: Mapping[str, str]) -> ResumeRequest | None:
+    """The resume asked for in a `/v1/stream` or `/v1/captions` query string, if any."""
+    token = query.get("resume")
+    since = parse_since(query)
+    return None if token is None else ResumeRequest(token=token, since=since)
+
+
+def parse_since(query: Mapping[str, str]) -> int | None:
+    text = query.get("since")
+    if text is None:
+        return None
+    if not (text.isascii() and text.isdigit() and len(text) <= 9):
+        raise BadMessageError(f"since must be a segment number, got {text[:20]!r}")
+    return int(text)
+
+
 class Control(enum.Enum):
-    """Client → server control messages."""
+    """Client → server control messages without fields."""
 
     FINALIZE = "finalize"
     END = "end"
     KEEPALIVE = "keepalive"
 
 
-def parse_control(text: str) -> Control:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ack:
+    """`{"type":"ack","segment":N}`: the client holds every final up to segment N."""
+
+    segment: int
+
+
+def parse_control(text: str) -> Control | Ack:
     """Decode one client text frame; unknown fields are ignored, unknown types are errors."""
     try:
         data = json.loads(text)
@@ -77,10 +109,15 @@ def parse_control(text: str) -> Control:
     kind = data.get("type")
     if not isinstance(kind, str):
         raise BadMessageError("a control message needs a string 'type'")
+    if kind == "ack":
+        segment = data.get("segment")
+        if type(segment) is not int or segment < 0:
+            raise BadMessageError("'ack' needs a 'segment' number")
+        return Ack(segment=segment)
     try:
         return Control(kind)
     except ValueError:
-        known = ", ".join(c.value for c in Control)
+        known = ", ".join([*(c.value for c in Control), "ack"])
         raise BadMessageError(f"unknown message type {kind!r} (known: {known})") from None
 
 
@@ -103,6 +140,22 @@ class Ready(ServerMessage):
     sample_rate: int
     model: str
     engine: str
+    # Reconnect with `?resume=` this within `resume_s` to take the session back (None: off).
+    resume_token: str | None = None
+    resume_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Resumed(Ready):
+    """The first message of a resumed session, instead of `ready`; the `replayed` finals come
+    next. Audio sent now continues the stream after `received_bytes` of audio (a client that
+    kept its audio resends from there); `gap_ms` is how long the session had no connection."""
+
+    TYPE: ClassVar[str] = "resumed"
+    audio_ms: int
+    received_bytes: int
+    gap_ms: int
+    replayed: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

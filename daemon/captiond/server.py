@@ -1,21 +1,24 @@
-"""The websocket daemon: routing, one handler per connection, error → close-code mapping.
+"""The websocket daemon: routing, one handler per connection, resume.
 
 A thin asyncio shell on the event-loop thread around the Sans-I/O StreamSession. Requests are
 checked before the upgrade (access.py: Origin, token); connections per IP and the session limit
-right after it. A stream connection's session runs in connection.py (reader, pump, journal,
-limits); its error, if any, comes back here. Every error that ends a session is mapped to its
-close code here, in `CLOSE_CODES`, and nowhere else.
+right after it. A stream's session lives in a LiveStream (connection.py: reader, pump, journal,
+limits, close codes) that outlives its connection: this module opens it, gives it back to a
+client that presents its resume token (from memory, or after a restart from the journal), and
+writes its log line and journal end record when it is over.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import http
 import logging
 import ssl
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from urllib.parse import parse_qsl, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -24,42 +27,41 @@ from websockets.http11 import Request, Response
 
 from captiond import SAMPLE_RATE_HZ
 from captiond.access import ConnectionsPerIp, check_origin, check_token
+from captiond.audio import ms_to_samples
 from captiond.config import Config
-from captiond.connection import CLOSE_GOING_AWAY, AnsweringConnection, StreamConnection
+from captiond.connection import CLOSE_GOING_AWAY, AnsweringConnection, LiveStream, send_error
 from captiond.errors import (
-    BadAudioError,
-    BadMessageError,
-    EngineFailedError,
-    FrameTooLargeError,
-    IdleTimeoutError,
     OverloadedError,
-    RateLimitedError,
     RequestRejectedError,
+    ResumeFailedError,
     SessionError,
     SourceNotFoundError,
 )
-from captiond.journal import Journal, JournalError, open_journal
+from captiond.journal import JOURNAL_FILE_NAME, Journal, JournalError, open_journal
+from captiond.journal_read import find_session
 from captiond.metrics import Metrics
-from captiond.protocol import Error, Ready, parse_stream_params
+from captiond.protocol import (
+    Final,
+    Ready,
+    Resumed,
+    ResumeRequest,
+    StreamParams,
+    parse_resume,
+    parse_since,
+    parse_stream_params,
+)
+from captiond.resume import MAX_HELD_FINALS, ResumeKey, session_of_token
 from captiond.scheduler import InferenceScheduler
-from captiond.session import StreamSession
+from captiond.session import StreamOrigin, StreamSession
 from captiond.sources import AudioInput, daemon_sources, microphone
 from captiond.vad import Vad, webrtc_vad
 from captiond.web import static_response
 
 log = logging.getLogger(__name__)
 
-CLOSE_INTERNAL = 1011
-CLOSE_CODES: dict[type[SessionError], int] = {
-    BadAudioError: 1007,
-    BadMessageError: 1008,
-    SourceNotFoundError: 1008,
-    FrameTooLargeError: 1009,
-    EngineFailedError: 1011,
-    OverloadedError: 1013,
-    RateLimitedError: 4029,
-    IdleTimeoutError: 4408,
-}
+# Text of a session's earlier finals a session taken back after a restart is prompted with.
+_EARLIER_TEXT_CHARS = 2_000
+
 # websockets itself refuses frames this many times over our limit, without reading them; up to
 # there, a too-large frame is ours to answer, after the stream's finals.
 _HARD_LIMIT_FACTOR = 4
@@ -67,13 +69,6 @@ _HARD_LIMIT_FACTOR = 4
 _MAX_QUEUE_FRAMES = 4
 # How long a closing handshake may take before the connection is dropped.
 _CLOSE_TIMEOUT_S = 2.0
-
-
-def close_code_for(error: SessionError) -> int:
-    for cls in type(error).__mro__:
-        if cls in CLOSE_CODES:
-            return CLOSE_CODES[cls]
-    return CLOSE_INTERNAL
 
 
 class Daemon:
@@ -90,7 +85,8 @@ class Daemon:
         self.scheduler = scheduler
         self._vad_factory = vad_factory or (lambda: webrtc_vad(config.vad.aggressiveness))
         self.sources = daemon_sources(config, scheduler, self._vad_factory, audio_input)
-        self._live: dict[str, StreamConnection] = {}
+        self._live: dict[str, LiveStream] = {}  # by session id, detached ones too
+        self._tasks: set[asyncio.Task[None]] = set()
         self._per_ip = ConnectionsPerIp(config.server.max_sessions_per_ip)
         self._journal: Journal | None = open_journal(config.journal)
         self.metrics: Metrics = scheduler.metrics
@@ -207,47 +203,66 @@ class Daemon:
         if not self._per_ip.try_open(ip):
             self.metrics.refused.labels(reason="connections per IP").inc()
             limit = self.config.server.max_sessions_per_ip
-            await self._fail(conn, OverloadedError(f"{limit} connections from {ip} are open"))
+            await send_error(conn, OverloadedError(f"{limit} connections from {ip} are open"))
             return
         try:
             if url.path == "/v1/captions":
-                await self._watch(conn, query.get("source", ""))
+                await self._watch(conn, query.get("source", ""), parse_since(query))
             else:
                 await self._stream(conn, query)
         except SessionError as exc:
-            await self._fail(conn, exc)
+            await send_error(conn, exc)
         finally:
             self._per_ip.close(ip)
 
-    async def _fail(self, conn: ServerConnection, exc: SessionError) -> None:
-        code = close_code_for(exc)
-        log.info("session error %s (close %d): %s", exc.code, code, exc)
-        with contextlib.suppress(ConnectionClosed):
-            await conn.send(Error(code=exc.code, message=str(exc)).to_json())
-            await conn.close(code, exc.code)
-
-    async def _watch(self, conn: ServerConnection, name: str) -> None:
-        """A viewer of a daemon-side source: its feed until it leaves or the daemon stops."""
+    async def _watch(self, conn: ServerConnection, name: str, since: int | None) -> None:
+        """A viewer of a daemon-side source: its feed until it leaves or the daemon stops;
+        a viewer that reconnects gets the held finals from segment `since`."""
         source = self.sources.get(name)
         if source is None:
             known = ", ".join(sorted(self.sources)) or "none configured"
             raise SourceNotFoundError(f"no daemon-side source named {name!r} (sources: {known})")
         log.debug("open viewer source=%s peer=%s", name, conn.remote_address)
         with contextlib.suppress(ConnectionClosed):
-            await source.broadcast.watch(conn)
+            await source.broadcast.watch(conn, since)
             await conn.close(CLOSE_GOING_AWAY)
         log.debug("close viewer source=%s peer=%s", name, conn.remote_address)
 
     async def _stream(self, conn: ServerConnection, query: dict[str, str]) -> None:
+        resume = parse_resume(query)
+        if resume is not None:
+            await self._take_back(conn, resume)
+            return
+        params = parse_stream_params(query, self.config.stream.language)
+        key: ResumeKey | None = None
+        token: str | None = None
+        if self.config.server.resume_s > 0:
+            key, token = ResumeKey.new(uuid.uuid4().hex[:12])
+        live = self._open_stream(conn, params, resume_key=key)
+        ready = self._ready(live, token)
+        await live.serve(conn, lambda _: ready)
+
+    def _open_stream(
+        self,
+        conn: ServerConnection,
+        params: StreamParams,
+        *,
+        resume_key: ResumeKey | None,
+        origin: StreamOrigin | None = None,
+        received_bytes: int = 0,
+        continues: str | None = None,
+    ) -> LiveStream:
+        """A new live stream (or one taken back from the journal), its pump started."""
         if len(self._live) >= self.config.server.max_sessions:
             self.metrics.refused.labels(reason="session limit").inc()
             raise OverloadedError(
                 f"session limit reached ({self.config.server.max_sessions}); try again later"
             )
-        params = parse_stream_params(query, self.config.stream.language)
-        session = StreamSession(config=self.config, vad=self._vad_factory(), params=params)
-        session_id = uuid.uuid4().hex[:12]
+        session = StreamSession(
+            config=self.config, vad=self._vad_factory(), params=params, origin=origin
+        )
         engine = self.scheduler.engine
+        session_id = resume_key.session if resume_key else uuid.uuid4().hex[:12]
         journal = None
         if self._journal is not None:
             journal = self._journal.open_session(
@@ -257,43 +272,59 @@ class Daemon:
                 language=params.language,
                 model=engine.model_name,
                 engine=engine.name,
+                stream={
+                    "sample_rate": params.sample_rate_hz,
+                    "encoding": params.encoding,
+                    "resume_sha256": resume_key.secret_sha256 if resume_key else None,
+                },
+                continues=continues,
             )
-        live = StreamConnection(
-            conn=conn,
+        live = LiveStream(
+            session_id=session_id,
             session=session,
             config=self.config.server,
             submit=self.scheduler.submit,
             metrics=self.metrics,
             journal=journal,
+            resume_key=resume_key,
+            received_bytes=received_bytes,
         )
         self._live[session_id] = live
         self.sessions_total += 1
         self.metrics.sessions.inc()
         self.metrics.sessions_open.inc()
+        task = asyncio.create_task(self._keep(live, _peer(conn)))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return live
+
+    def _ready(self, live: LiveStream, token: str | None) -> Ready:
+        engine = self.scheduler.engine
+        return Ready(
+            session=live.id,
+            sample_rate=SAMPLE_RATE_HZ,
+            model=engine.model_name,
+            engine=engine.name,
+            resume_token=token,
+            resume_s=self.config.server.resume_s if token else 0.0,
+        )
+
+    async def _keep(self, live: LiveStream, peer: str) -> None:
+        """A stream's life: its pump until the session is done and can no longer be taken
+        back; then its log line, counters and journal end record."""
         try:
-            await conn.send(
-                Ready(
-                    session=session_id,
-                    sample_rate=SAMPLE_RATE_HZ,
-                    model=engine.model_name,
-                    engine=engine.name,
-                ).to_json()
-            )
             await live.run()
-        except SessionError as exc:
-            live.error = exc
-        except ConnectionClosed:
-            pass
         finally:
-            del self._live[session_id]
-            code = close_code_for(live.error) if live.error else live.close_code
+            del self._live[live.id]
+            code = live.final_code
             self.metrics.sessions_open.dec()
             self.metrics.closes.labels(code=str(code)).inc()
+            session = live.session
             log.info(
                 "session %s peer=%s language=%s audio_s=%.1f finals=%d close=%d",
-                session_id,
-                _peer(conn),
-                params.language,
+                live.id,
+                peer,
+                session.params.language,
                 session.audio_ms / 1000,
                 session.segments,
                 code,
@@ -301,15 +332,91 @@ class Daemon:
             if live.journal is not None:
                 try:
                     await live.journal.close(
-                        audio_ms=session.audio_ms, segments=session.segments, close_code=code
+                        audio_ms=session.audio_ms,
+                        segments=session.segments,
+                        close_code=code,
+                        received_bytes=live.received_bytes,
                     )
                 except JournalError as exc:
-                    log.error("session %s: journal end record failed: %s", session_id, exc)
-        if live.error is not None:
-            await self._fail(conn, live.error)
+                    log.error("session %s: journal end record failed: %s", live.id, exc)
+
+    async def _take_back(self, conn: ServerConnection, resume: ResumeRequest) -> None:
+        """Give the stream a resume token names, from memory or (after a restart) the journal,
+        to `conn`: `resumed`, the finals to replay, then the stream goes on."""
+        session_id = session_of_token(resume.token)
+        live = self._live.get(session_id)
+        if live is None:
+            live, gap_ms = await self._from_journal(conn, session_id, resume)
+        elif live.resume_key is None or not live.resumable:
+            raise ResumeFailedError(f"session {session_id} has ended")
         else:
-            with contextlib.suppress(ConnectionClosed):
-                await conn.close(live.close_code)
+            live.resume_key.check(resume.token)
+            now_s = asyncio.get_running_loop().time()
+            gap_ms = round((now_s - (live.detached_at_s or now_s)) * 1000)
+        ready = self._ready(live, resume.token)
+
+        def resumed(replay: list[Final]) -> Resumed:
+            log.info(
+                "session %s resumed after %d ms, %d finals replayed", live.id, gap_ms, len(replay)
+            )
+            return Resumed(
+                **{f.name: getattr(ready, f.name) for f in dataclasses.fields(Ready)},
+                audio_ms=live.session.audio_ms,
+                received_bytes=live.received_bytes,
+                gap_ms=gap_ms,
+                replayed=len(replay),
+            )
+
+        await live.serve(conn, resumed, resume=True, since=resume.since)
+
+    async def _from_journal(
+        self, conn: ServerConnection, session_id: str, resume: ResumeRequest
+    ) -> tuple[LiveStream, int]:
+        """A session the daemon stopped (close 1001) less than `resume_s` ago, taken back from
+        its journal: finals, stream clock and segment numbers continue; its earlier text is
+        the prompt; its audio is gone. Also the gap since it stopped."""
+        if self._journal is None:
+            raise ResumeFailedError(f"unknown session {session_id} (no journal to resume from)")
+        try:
+            found = await asyncio.to_thread(find_session, self._journal.dir, session_id)
+        except JournalError:
+            raise ResumeFailedError(f"unknown session {session_id}") from None
+        header, end = found.header, found.end
+        if found.session != session_id or end is None or end.get("close_code") != CLOSE_GOING_AWAY:
+            raise ResumeFailedError(f"session {session_id} cannot be resumed")
+        key = ResumeKey(session=session_id, secret_sha256=str(header.get("resume_sha256")))
+        key.check(resume.token)
+        gap_s = (datetime.now(UTC) - datetime.fromisoformat(str(end["at"]))).total_seconds()
+        if gap_s > self.config.server.resume_s:
+            raise ResumeFailedError(f"session {session_id} stopped {gap_s:.0f} s ago")
+        params = StreamParams(
+            sample_rate_hz=int(header["sample_rate"]),
+            encoding=str(header["encoding"]),
+            language=str(header["language"]),
+        )
+        origin = StreamOrigin(
+            start_sample=ms_to_samples(int(end["audio_ms"])),
+            first_segment=int(end["segments"]),
+            earlier_text=" ".join(f.text for f in found.finals)[-_EARLIER_TEXT_CHARS:],
+        )
+        live = self._open_stream(
+            conn,
+            params,
+            resume_key=key,
+            origin=origin,
+            received_bytes=int(end.get("received_bytes", 0)),
+            continues=JOURNAL_FILE_NAME.match(found.files[0].name)["stem"],  # type: ignore[index]
+        )
+        for final in found.finals[-MAX_HELD_FINALS:]:
+            live.held.add(
+                Final(
+                    segment=final.segment,
+                    start_ms=final.start_ms,
+                    end_ms=final.end_ms,
+                    text=final.text,
+                )
+            )
+        return live, round(gap_s * 1000)
 
 
 def _peer(conn: ServerConnection) -> str:

@@ -58,6 +58,16 @@ _KEEP_BEHIND_MS = 2_000
 _PARTIAL_GATE_MS = 3_000
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamOrigin:
+    """Where a session taken back after a daemon restart goes on (from its journal): its stream
+    clock, its next segment number and its earlier text (the prompt; that audio is gone)."""
+
+    start_sample: int
+    first_segment: int
+    earlier_text: str
+
+
 class SessionState(enum.Enum):
     STREAMING = "streaming"
     ENDING = "ending"  # `end` received: flushing the last finals
@@ -96,17 +106,24 @@ class _Utterance:
 
 class StreamSession:
     def __init__(
-        self, *, config: Config, vad: Vad, params: StreamParams, partials: bool = True
+        self,
+        *,
+        config: Config,
+        vad: Vad,
+        params: StreamParams,
+        partials: bool = True,
+        origin: StreamOrigin | None = None,
     ) -> None:
+        origin = origin or StreamOrigin(start_sample=0, first_segment=0, earlier_text="")
         self._stream = config.stream
         self._partials = partials
         self._params = params
         self._resampler = (
             Resampler(params.sample_rate_hz) if params.sample_rate_hz != 16_000 else None
         )
-        self._buffer = AudioBuffer()
+        self._buffer = AudioBuffer(origin.start_sample)
         self._framer = Framer()
-        self._segmenter = VadSegmenter(vad, config.vad, config.stream)
+        self._segmenter = VadSegmenter(vad, config.vad, config.stream, origin.start_sample)
         self._partial_interval_samples = ms_to_samples(config.stream.partial_interval_ms)
         # Partials stop where a capped utterance may be cut (vad.py: the quietest frame of the
         # last `cut_search_s`): a word stabilised beyond the cut would belong to the next
@@ -122,9 +139,10 @@ class StreamSession:
         self._context = TranscriptContext(
             context_chars=config.stream.context_chars, prompt_chars=config.stream.prompt_chars
         )
+        self._context.remember(origin.earlier_text)
         self._final_window_samples = ms_to_samples(round(config.stream.context_s * 1000))
         self._partial_window_samples = ms_to_samples(round(config.stream.partial_context_s * 1000))
-        self._segments = 0
+        self._segments = origin.first_segment
         self.state = SessionState.STREAMING
 
     # -- input -------------------------------------------------------------------------------

@@ -62,7 +62,13 @@ class VadSegmenter:
     one 30 s Whisper window.
     """
 
-    def __init__(self, vad: Vad, vad_config: VadConfig, stream_config: StreamConfig) -> None:
+    def __init__(
+        self,
+        vad: Vad,
+        vad_config: VadConfig,
+        stream_config: StreamConfig,
+        start_sample: int = 0,
+    ) -> None:
         self._vad = vad
         self._floor_dbfs = vad_config.rms_floor_dbfs
         self._window_frames = max(1, vad_config.start_window_ms // FRAME_MS)
@@ -72,8 +78,8 @@ class VadSegmenter:
         self._max_samples = ms_to_samples(stream_config.max_utterance_s * 1000)
         self._cut_search_frames = max(1, int(stream_config.cut_search_s * 1000) // FRAME_MS)
         self._window: deque[bool] = deque(maxlen=self._window_frames)
-        self._next_frame_sample = 0
-        self._last_end_sample = 0
+        self._next_frame_sample = start_sample
+        self._last_end_sample = start_sample
         self._start_sample: int | None = None
         self._silent_frames = 0
         # (frame start sample, dBFS) of the open utterance's recent frames, for the cap's cut.

@@ -1,0 +1,231 @@
+"""Session resume against a real daemon (fake engine, scripted VAD): a dropped connection
+takes its session back with its token, the finals it did not acknowledge are replayed, the
+stream clock and segment numbers continue; across a daemon restart with the journal too."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from daemon_harness import RATE, collect, make_config, running_daemon, tone_bursts, url
+from websockets.asyncio.client import ClientConnection, connect
+
+from captiond.config import Config
+from captiond.journal_read import find_session
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+async def recv_until(conn: ClientConnection, kind: str, count: int = 1) -> list[dict[str, Any]]:
+    """Messages up to and including the `count`-th of type `kind`."""
+    seen: list[dict[str, Any]] = []
+    while sum(m["type"] == kind for m in seen) < count:
+        seen.append(json.loads(await asyncio.wait_for(conn.recv(), 10)))
+    return seen
+
+
+def finals_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [m for m in messages if m["type"] == "final"]
+
+
+def drop(conn: ClientConnection) -> None:
+    """The network went away: no close frame, no `end`."""
+    assert conn.transport is not None
+    conn.transport.abort()
+
+
+def resume_url(base: str, token: str, since: int | None = None) -> str:
+    return f"{base}?resume={token}" + ("" if since is None else f"&since={since}")
+
+
+FOUR_BURSTS = tone_bursts([0.6, 0.6, 0.6, 0.6], gap_s=1.0)
+
+
+def test_resume_replays_exactly_the_unacknowledged_finals() -> None:
+    async def scenario() -> None:
+        async with running_daemon() as daemon:
+            conn = await connect(url(daemon))
+            ready = json.loads(await conn.recv())
+            assert ready["type"] == "ready" and ready["resume_s"] == 60
+            token = ready["resume_token"]
+            await conn.send(FOUR_BURSTS.tobytes())
+            before = finals_of(await recv_until(conn, "final", 4))
+            await conn.send(json.dumps({"type": "ack", "segment": 1}))
+            await asyncio.sleep(0.2)
+            drop(conn)
+            await asyncio.sleep(0.3)
+            assert daemon.sessions_open == 1, "the session waits for its client"
+
+            async with connect(resume_url(url(daemon), token)) as again:
+                resumed = json.loads(await again.recv())
+                assert resumed["type"] == "resumed" and resumed["session"] == ready["session"]
+                assert resumed["replayed"] == 2
+                replayed = [json.loads(await again.recv()) for _ in range(2)]
+                assert replayed == before[2:], "exactly the unacknowledged finals, unchanged"
+                assert resumed["received_bytes"] == FOUR_BURSTS.nbytes
+                assert resumed["audio_ms"] == len(FOUR_BURSTS) * 1000 // RATE
+                assert 300 <= resumed["gap_ms"] < 5_000
+                # The stream goes on: its clock and its segment numbers continue.
+                await again.send(tone_bursts([0.6]).tobytes())
+                await again.send(json.dumps({"type": "end"}))
+                rest = await collect(again)
+            (after,) = rest.of("final")
+            assert after["segment"] == 4 and after["start_ms"] >= resumed["audio_ms"]
+            assert rest.of("done")[0]["segments"] == 5 and rest.close_code == 1000
+
+    run(scenario())
+
+
+def test_the_open_utterance_is_finalised_at_the_drop_and_replayed() -> None:
+    """Audio mid-utterance when the network goes: its final is decoded while the client is
+    away and is the first thing it gets back; `since` limits the replay."""
+
+    async def scenario() -> None:
+        async with running_daemon() as daemon:
+            conn = await connect(url(daemon))
+            token = json.loads(await conn.recv())["resume_token"]
+            pcm = tone_bursts([0.6, 0.6, 2.0], gap_s=1.0)
+            cut = len(pcm) - 2 * RATE  # in the middle of the 2-s burst (1 s of silence ends it)
+            await conn.send(pcm[:cut].tobytes())
+            shown = finals_of(await recv_until(conn, "final", 2))
+            await asyncio.sleep(0.3)
+            drop(conn)
+            await asyncio.sleep(0.5)
+            async with connect(resume_url(url(daemon), token, since=2)) as again:
+                resumed = json.loads(await again.recv())
+                assert resumed["replayed"] == 1
+                (open_final,) = [json.loads(await again.recv())]
+                assert open_final["type"] == "final" and open_final["segment"] == 2
+                assert open_final["text"] and open_final["end_ms"] == resumed["audio_ms"]
+                # The client kept its audio: it resends from what the daemon has.
+                await again.send(pcm.tobytes()[resumed["received_bytes"] :])
+                await again.send(json.dumps({"type": "end"}))
+                rest = await collect(again)
+            assert [f["segment"] for f in shown] == [0, 1]
+            assert [f["segment"] for f in rest.of("final")] == [3]
+            assert rest.close_code == 1000
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("case", ["wrong secret", "unknown session", "malformed", "expired"])
+def test_a_wrong_or_expired_token_is_refused_with_4410(case: str) -> None:
+    async def scenario() -> None:
+        config = make_config(server={"resume_s": 0.3})
+        async with running_daemon(config) as daemon:
+            conn = await connect(url(daemon))
+            ready = json.loads(await conn.recv())
+            session, _, secret = ready["resume_token"].partition(".")
+            await conn.send(tone_bursts([0.6]).tobytes())
+            await recv_until(conn, "final")
+            drop(conn)
+            token = {
+                "wrong secret": f"{session}.{secret[::-1]}",
+                "unknown session": f"0123456789ab.{secret}",
+                "malformed": "nodot",
+                "expired": ready["resume_token"],
+            }[case]
+            if case == "expired":
+                await asyncio.sleep(0.8)
+                assert daemon.sessions_open == 0
+            async with connect(resume_url(url(daemon), token)) as again:
+                ex = await collect(again)
+            assert [m["type"] for m in ex.messages] == ["error"]
+            assert ex.messages[0]["code"] == "resume_failed" and ex.close_code == 4410
+
+    run(scenario())
+
+
+def test_a_new_connection_takes_over_a_half_open_one() -> None:
+    """After a cable pull the daemon may not see the old connection die for a while: the
+    client that presents the token gets the session, the stale connection is cut."""
+
+    async def scenario() -> None:
+        async with running_daemon() as daemon:
+            old = await connect(url(daemon))
+            token = json.loads(await old.recv())["resume_token"]
+            await old.send(tone_bursts([0.6]).tobytes())
+            (final,) = finals_of(await recv_until(old, "final"))
+            async with connect(resume_url(url(daemon), token, since=0)) as new:
+                resumed = json.loads(await new.recv())
+                assert resumed["gap_ms"] == 0 and resumed["replayed"] == 1
+                assert json.loads(await new.recv()) == final
+                await new.send(json.dumps({"type": "end"}))
+                rest = await collect(new)
+            assert rest.of("done") and rest.close_code == 1000
+            await asyncio.wait_for(old.wait_closed(), 5)
+
+    run(scenario())
+
+
+def test_resume_off_gives_no_token() -> None:
+    async def scenario() -> None:
+        async with running_daemon(make_config(server={"resume_s": 0})) as daemon:
+            async with connect(url(daemon)) as conn:
+                ready = json.loads(await conn.recv())
+            assert ready["resume_token"] is None and ready["resume_s"] == 0
+
+    run(scenario())
+
+
+def _journaled(tmp_path: Path, **server: Any) -> Config:
+    return make_config(server=server, journal={"dir": str(tmp_path / "journal")})
+
+
+@pytest.mark.parametrize("journal", [True, False])
+def test_resume_across_a_daemon_restart(tmp_path: Path, journal: bool) -> None:
+    """With the journal on, a session the daemon stopped is taken back by the restarted
+    daemon: finals from `since` replayed, segments and stream times continue, and the journal
+    holds the whole session as one. Without it the resume is refused and the client starts
+    over."""
+
+    async def scenario() -> None:
+        config = _journaled(tmp_path) if journal else make_config()
+        async with running_daemon(config) as daemon:
+            port = daemon.port
+            conn = await connect(url(daemon))
+            ready = json.loads(await conn.recv())
+            sent = FOUR_BURSTS[: len(FOUR_BURSTS) - RATE // 2]
+            await conn.send(sent.tobytes())
+            shown = finals_of(await recv_until(conn, "final", 3))
+            await asyncio.sleep(0.3)
+            stopping = asyncio.create_task(collect(conn))
+            await daemon.shutdown()
+            ex = await stopping
+        assert ex.close_code == 1001 and ex.of("error")[0]["code"] == "shutting_down"
+        before = shown + ex.of("final")
+        assert [f["segment"] for f in before] == [0, 1, 2, 3]
+
+        again_config = (
+            _journaled(tmp_path, port=port) if journal else make_config(server={"port": port})
+        )
+        async with running_daemon(again_config) as daemon:
+            target = resume_url(url(daemon), ready["resume_token"], since=3)
+            async with connect(target) as again:
+                first = json.loads(await again.recv())
+                if not journal:
+                    assert first["code"] == "resume_failed"
+                    assert (await collect(again)).close_code == 4410
+                    return
+                assert first["type"] == "resumed" and first["session"] == ready["session"]
+                assert first["replayed"] == 1 and first["received_bytes"] == sent.nbytes
+                assert first["audio_ms"] == len(sent) * 1000 // RATE
+                assert json.loads(await again.recv()) == {
+                    k: v for k, v in before[3].items() if k != "at"
+                }
+                await again.send(tone_bursts([0.6]).tobytes())
+                await again.send(json.dumps({"type": "end"}))
+                rest = await collect(again)
+        (after,) = rest.of("final")
+        assert after["segment"] == 4 and after["start_ms"] >= before[-1]["end_ms"]
+        assert rest.of("done")[0]["segments"] == 5
+        journaled = find_session(tmp_path / "journal", ready["session"])
+        assert [f.segment for f in journaled.finals] == [0, 1, 2, 3, 4]
+        assert journaled.ended and journaled.close_code == 1000
+
+    run(scenario())
