@@ -182,13 +182,14 @@ _EXPECTED: list[tuple[ServerMessage, str, list[str]]] = [
             resume_s=60.0,
             audio_ms=1000,
             received_bytes=32_000,
+            ended=False,
             gap_ms=20_000,
             replayed=2,
         ),
         "resumed",
         [
             *("protocol", "session", "sample_rate", "model", "engine", "resume_token", "resume_s"),
-            *("audio_ms", "received_bytes", "gap_ms", "replayed"),
+            *("audio_ms", "received_bytes", "ended", "gap_ms", "replayed"),
         ],
     ),
     (

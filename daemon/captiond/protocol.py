@@ -154,6 +154,7 @@ class Resumed(Ready):
     TYPE: ClassVar[str] = "resumed"
     audio_ms: int
     received_bytes: int
+    ended: bool  # the daemon has the client's `end`: do not send it again
     gap_ms: int
     replayed: int
 

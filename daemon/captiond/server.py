@@ -52,7 +52,7 @@ from captiond.protocol import (
 )
 from captiond.resume import MAX_HELD_FINALS, ResumeKey, session_of_token
 from captiond.scheduler import InferenceScheduler
-from captiond.session import StreamOrigin, StreamSession
+from captiond.session import SessionState, StreamOrigin, StreamSession
 from captiond.sources import AudioInput, daemon_sources, microphone
 from captiond.vad import Vad, webrtc_vad
 from captiond.web import static_response
@@ -363,6 +363,7 @@ class Daemon:
                 **{f.name: getattr(ready, f.name) for f in dataclasses.fields(Ready)},
                 audio_ms=live.session.audio_ms,
                 received_bytes=live.received_bytes,
+                ended=live.session.state is not SessionState.STREAMING,
                 gap_ms=gap_ms,
                 replayed=len(replay),
             )

@@ -17,6 +17,11 @@ from captiond_client.display import CaptionPrinter, write_transcript
 from captiond_client.stream import StreamError, stream_samples
 from captiond_client.wavfile import WavError, read_wav_16k_mono
 
+_RETRY_HELP = (
+    "seconds to keep reconnecting (and resuming the session) after the connection drops; "
+    "0 gives up at once (default 300)"
+)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="captiond-client", description=__doc__.splitlines()[0])
@@ -29,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print every server message as JSON")
     p.add_argument("--out", type=Path, help="write the final transcript (.txt, .vtt or .srt)")
+    p.add_argument("--retry-for", type=float, default=300.0, help=_RETRY_HELP)
     p.set_defaults(func=_stream)
     m = sub.add_parser("mic", help="stream this machine's microphone until Ctrl-C")
     m.add_argument("--url", default=DEFAULT_URL, help=f"daemon stream URL (default {DEFAULT_URL})")
@@ -36,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--channel", type=int, help="input channel (default: mean of the first two)")
     m.add_argument("--json", action="store_true", help="print every server message as JSON")
     m.add_argument("--out", type=Path, help="write the final transcript (.txt, .vtt or .srt)")
+    m.add_argument("--retry-for", type=float, default=300.0, help=_RETRY_HELP)
     m.set_defaults(func=_mic)
     return parser
 
@@ -43,7 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _stream(args: argparse.Namespace) -> int:
     samples = read_wav_16k_mono(args.file)
     printer = CaptionPrinter(as_json=args.json)
-    asyncio.run(stream_samples(args.url, samples, speed=args.speed, on_message=printer))
+    asyncio.run(
+        stream_samples(
+            args.url, samples, speed=args.speed, on_message=printer, retry_for_s=args.retry_for
+        )
+    )
     if args.out:
         write_transcript(args.out, printer.finals)
     return 0
@@ -61,7 +72,12 @@ def _mic(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         await stream_microphone(
-            args.url, device, channel=args.channel, stop=stop, on_message=printer
+            args.url,
+            device,
+            channel=args.channel,
+            stop=stop,
+            on_message=printer,
+            retry_for_s=args.retry_for,
         )
 
     asyncio.run(run())

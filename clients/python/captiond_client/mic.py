@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from websockets.asyncio.client import connect
 
-from captiond_client.stream import Message, _receive, send_chunks, stream_url
+from captiond_client.stream import Message, Stream
 from captiond_client.wavfile import to_pcm_s16le
 
 Block = npt.NDArray[np.float32]
@@ -167,19 +166,15 @@ async def stream_microphone(
     channel: int | None = None,
     stop: asyncio.Event,
     on_message: Callable[[Message], None],
+    retry_for_s: float = 300.0,
 ) -> None:
     """Send the microphone at its own rate until `stop` is set, then `end`; report every message
-    until `done`. Raises StreamError (daemon) or DeviceError (microphone)."""
-    async with connect(stream_url(url, device.default_rate_hz), max_size=None) as conn:
-        receiver = asyncio.create_task(_receive(conn, on_message))
-        sender = asyncio.create_task(
-            send_chunks(conn, _pcm(capture(device, channel=channel, stop=stop)))
-        )
-        try:
-            done, _ = await asyncio.wait({receiver, sender}, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                task.result()
-            await receiver
-        finally:
-            receiver.cancel()
-            sender.cancel()
+    until `done`. A dropped connection is resumed (stream.py) while capture goes on. Raises
+    StreamError (daemon) or DeviceError (microphone)."""
+    stream = Stream(
+        url,
+        sample_rate_hz=device.default_rate_hz,
+        on_message=on_message,
+        retry_for_s=retry_for_s,
+    )
+    await stream.run(_pcm(capture(device, channel=channel, stop=stop)))

@@ -1,13 +1,21 @@
-"""Streaming audio to a daemon over protocol v1 (asyncio, the caller's event loop).
+"""Streaming audio to a daemon over protocol v1, across dropped connections (asyncio, the
+caller's event loop).
 
-`stream_samples` paces 16 kHz mono audio at `speed` times real time (0: as fast as the socket
-takes it), sends `end`, and hands every server message to `on_message` until `done`.
+`Stream.run` takes PCM chunks from a live source (a paced file, the microphone) and keeps
+them flowing to one daemon session: when the connection drops or the daemon restarts, it
+reconnects with backoff and resumes the session with its token; the daemon says how much audio
+it has and the rest is sent again from the kept audio (the newest `keep_audio_s`), finals are
+acknowledged as they arrive, and replayed ones are not reported twice. `stream_samples` streams
+a file this way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
+import random
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -19,8 +27,14 @@ from websockets.exceptions import ConnectionClosed
 
 from captiond_client.wavfile import TARGET_RATE_HZ, to_pcm_s16le
 
+log = logging.getLogger(__name__)
+
 Message = dict[str, Any]
 CHUNK_MS = 100
+BYTES_PER_SAMPLE = 2
+# Errors after which the same session is worth resuming: the daemon is stopping (it keeps the
+# session in its journal), or it is full for now.
+_RESUMABLE_ERRORS = {"shutting_down", "overloaded"}
 
 
 class StreamError(RuntimeError):
@@ -31,39 +45,217 @@ class StreamError(RuntimeError):
         self.close_code = close_code
 
 
+class _Dropped(Exception):
+    """The connection went away without `done`: reconnect."""
+
+
 def stream_url(url: str, sample_rate_hz: int = TARGET_RATE_HZ) -> str:
     sep = "&" if "?" in url else "?"
     return f"{url}{sep}sample_rate={sample_rate_hz}&encoding=pcm_s16le"
 
 
-async def _receive(conn: ClientConnection, on_message: Callable[[Message], None]) -> None:
-    try:
-        async for raw in conn:
-            if isinstance(raw, bytes):
-                continue
-            message: Message = json.loads(raw)
-            on_message(message)
-            if message.get("type") == "error":
-                raise StreamError(f"{message.get('code')}: {message.get('message')}")
-            if message.get("type") == "done":
+class Stream:
+    """One caption session over as many connections as it takes."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        sample_rate_hz: int,
+        on_message: Callable[[Message], None],
+        retry_for_s: float = 300.0,
+        keep_audio_s: float = 120.0,
+    ) -> None:
+        self._url = stream_url(url, sample_rate_hz)
+        self._on_message = on_message
+        self._retry_for_s = retry_for_s
+        self._bytes_per_s = sample_rate_hz * BYTES_PER_SAMPLE
+        self._keep_bytes = round(keep_audio_s * sample_rate_hz) * BYTES_PER_SAMPLE
+        # Audio from the source: `_audio` holds bytes [_kept_from, _kept_from + len(_audio)).
+        self._audio = bytearray()
+        self._kept_from = 0
+        self._source_done = False
+        self._more = asyncio.Event()  # new audio, or the source ended
+        self._token: str | None = None
+        self._next_segment = 0  # this session's finals below it were reported
+        self._earlier_segments = 0  # finals of earlier sessions (that could not be resumed)
+        # Source byte where the current session's audio starts, and up to which its finals
+        # have transcribed it: a new session (the old one could not be resumed) starts there.
+        self._session_base: int | None = None  # None: no session yet
+        self._covered = 0
+        self._away_since: float | None = None  # monotonic time the connection was lost
+        self.reconnects = 0
+
+    @property
+    def _audio_end(self) -> int:
+        return self._kept_from + len(self._audio)
+
+    async def run(self, chunks: AsyncIterator[bytes]) -> None:
+        """Send `chunks`, then `end`; report every message until `done`. Raises StreamError
+        when the daemon ends the session with an error, or stays away `retry_for_s`."""
+        reader = asyncio.create_task(self._take(chunks))
+        try:
+            await self._connections(reader)
+        finally:
+            reader.cancel()
+
+    async def _take(self, chunks: AsyncIterator[bytes]) -> None:
+        """Keep the source's audio (a bounded tail), whether or not a connection is up."""
+        async for chunk in chunks:
+            self._audio += chunk
+            excess = len(self._audio) - self._keep_bytes
+            if excess > 0:
+                del self._audio[:excess]
+                self._kept_from += excess
+            self._more.set()
+        self._source_done = True
+        self._more.set()
+
+    async def _connections(self, reader: asyncio.Task[None]) -> None:
+        delay_s = 0.5
+        while True:
+            try:
+                await self._connection(reader)
                 return
-    except ConnectionClosed as exc:
-        raise StreamError(f"connection closed: {exc}", exc.rcvd.code if exc.rcvd else None) from exc
-    code = conn.close_code
-    raise StreamError(f"the daemon closed the stream before 'done' (code {code})", code)
+            except _Dropped as exc:
+                now = time.monotonic()
+                self._away_since = self._away_since or now
+                # A daemon that never answered is a wrong URL more likely than a restart.
+                away_s = now - self._away_since
+                if self._session_base is None or away_s >= self._retry_for_s:
+                    raise StreamError(f"cannot reach the daemon at {self._url}: {exc}") from exc
+                log.warning("connection lost (%s); reconnecting in %.1f s", exc, delay_s)
+                await asyncio.sleep(delay_s * random.uniform(0.8, 1.2))
+                delay_s = min(delay_s * 2, 8.0)
+                self.reconnects += 1
+                _raise_if_failed(reader)
+
+    async def _connection(self, reader: asyncio.Task[None]) -> None:
+        url = self._url
+        if self._token is not None:
+            url += f"&resume={self._token}&since={self._next_segment}"
+        try:
+            conn = await connect(url, max_size=None)
+        except OSError as exc:  # refused, unreachable, timed out: the daemon may come back
+            raise _Dropped(str(exc)) from exc
+        async with conn:
+            hello = await self._hello(conn)
+            position = self._audio_end
+            if hello["type"] == "resumed":
+                position = int(hello["received_bytes"])
+                if position < self._kept_from:
+                    log.warning("%d ms of audio were not kept: not resent", self._gap_ms(position))
+                    position = self._kept_from
+            else:
+                # A new session: from the audio no final of an earlier session covered.
+                position = self._session_base = max(self._covered, self._kept_from)
+            sender = asyncio.create_task(self._send(conn, position, bool(hello.get("ended"))))
+            receiver = asyncio.create_task(self._receive(conn))
+            try:
+                await asyncio.wait({receiver, reader}, return_when=asyncio.FIRST_COMPLETED)
+                _raise_if_failed(reader)  # the source failed (a microphone gone)
+                await receiver
+            finally:
+                sender.cancel()
+                receiver.cancel()
+
+    def _gap_ms(self, position: int) -> int:
+        return (self._kept_from - position) * 1000 // self._bytes_per_s
+
+    async def _hello(self, conn: ClientConnection) -> Message:
+        """`ready` or `resumed`; a resume the daemon refuses starts a new session instead."""
+        message = await self._next(conn)
+        if message.get("code") == "resume_failed":
+            log.warning("the session could not be resumed (%s): starting a new one", message)
+            self._token = None
+            self._earlier_segments += self._next_segment
+            self._next_segment = 0
+            raise _Dropped("resume refused")
+        if message.get("code") in _RESUMABLE_ERRORS:
+            raise _Dropped(message["code"])
+        if message["type"] not in ("ready", "resumed"):
+            self._fail(message, conn)
+        self._token = message.get("resume_token")
+        self._away_since = None
+        self._on_message(message)
+        return message
+
+    async def _send(self, conn: ClientConnection, position: int, sent_end: bool) -> None:
+        """The audio from byte `position` on, as it comes; `end` after the source's last. A
+        drop ends it quietly: the receiver reports it."""
+        with contextlib.suppress(ConnectionClosed):
+            await self._send_from(conn, position, sent_end)
+
+    async def _send_from(self, conn: ClientConnection, position: int, sent_end: bool) -> None:
+        while True:
+            while position < self._audio_end:
+                start = max(position, self._kept_from) - self._kept_from
+                chunk = bytes(self._audio[start : start + 32_000])
+                await conn.send(chunk)
+                position = max(position, self._kept_from) + len(chunk)
+            if self._source_done:
+                break
+            self._more.clear()
+            await self._more.wait()
+        if not sent_end:
+            await conn.send(json.dumps({"type": "end"}))
+
+    async def _receive(self, conn: ClientConnection) -> None:
+        while True:
+            message = await self._next(conn)
+            kind = message.get("type")
+            if kind == "final":
+                segment = int(message["segment"])
+                if segment < self._next_segment:
+                    continue  # replayed, and already reported
+                self._next_segment = segment + 1
+                end_bytes = int(message["end_ms"]) * self._bytes_per_s // 1000
+                self._covered = (self._session_base or 0) + end_bytes
+                self._on_message(self._continuous(message))
+                await conn.send(json.dumps({"type": "ack", "segment": segment}))
+                continue
+            if kind == "error":
+                if message.get("code") in _RESUMABLE_ERRORS:
+                    raise _Dropped(message.get("code"))
+                self._fail(message, conn)
+            self._on_message(self._continuous(message))
+            if kind == "done":
+                return
+
+    def _continuous(self, message: Message) -> Message:
+        """A message of a later session (an earlier one could not be resumed) with segment
+        numbers and times that go on from the earlier sessions', as one transcript."""
+        if not (self._earlier_segments or self._session_base):
+            return message
+        shifted = dict(message)
+        if "segment" in shifted:
+            shifted["segment"] += self._earlier_segments
+        for key in ("start_ms", "end_ms"):
+            if key in shifted:
+                shifted[key] += (self._session_base or 0) * 1000 // self._bytes_per_s
+        return shifted
+
+    async def _next(self, conn: ClientConnection) -> Message:
+        try:
+            while isinstance(raw := await conn.recv(), bytes):
+                pass
+        except ConnectionClosed as exc:
+            raise _Dropped(f"close {exc.rcvd.code if exc.rcvd else 1006}") from exc
+        message: Message = json.loads(raw)
+        return message
+
+    def _fail(self, message: Message, conn: ClientConnection) -> None:
+        self._on_message(message)
+        raise StreamError(f"{message.get('code')}: {message.get('message')}", conn.close_code)
 
 
-async def send_chunks(
-    conn: ClientConnection, chunks: AsyncIterator[bytes], finish: bool = True
-) -> None:
-    async for chunk in chunks:
-        await conn.send(chunk)
-    if finish:
-        await conn.send(json.dumps({"type": "end"}))
+def _raise_if_failed(task: asyncio.Task[None]) -> None:
+    if task.done() and task.exception() is not None:
+        task.result()
 
 
 async def paced_chunks(samples: npt.NDArray[np.float32], speed: float) -> AsyncIterator[bytes]:
-    """100 ms PCM chunks, sent on the schedule of real time divided by `speed`."""
+    """100 ms PCM chunks, on the schedule of real time divided by `speed` (0: at once)."""
     chunk = TARGET_RATE_HZ * CHUNK_MS // 1000
     started = time.monotonic()
     for i, start in enumerate(range(0, len(samples), chunk)):
@@ -79,12 +271,10 @@ async def stream_samples(
     *,
     speed: float = 1.0,
     on_message: Callable[[Message], None],
+    retry_for_s: float = 300.0,
 ) -> None:
     """Stream `samples` (16 kHz mono) and report every message; raises StreamError on errors."""
-    async with connect(stream_url(url), max_size=None) as conn:
-        receiver = asyncio.create_task(_receive(conn, on_message))
-        sender = asyncio.create_task(send_chunks(conn, paced_chunks(samples, speed)))
-        try:
-            await receiver
-        finally:
-            sender.cancel()
+    stream = Stream(
+        url, sample_rate_hz=TARGET_RATE_HZ, on_message=on_message, retry_for_s=retry_for_s
+    )
+    await stream.run(paced_chunks(samples, speed))
