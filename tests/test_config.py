@@ -214,7 +214,8 @@ _printable_text = st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs
 
 
 # Values a section checks (config._check_server, _check_stream): any value within its range.
-_RANGED = {"context_s", "partial_context_s", "max_utterance_s"}
+# Fields with a bounded range (seconds); the strategy stays inside every such bound.
+_RANGED = {"context_s", "partial_context_s", "max_utterance_s", "resume_s"}
 _POSITIVE = {"idle_timeout_s", "max_audio_speed", "audio_burst_s", "max_buffered_s"}
 _POSITIVE |= {"drain_timeout_s", "max_sessions_per_ip"}
 _origins = st.lists(
@@ -289,6 +290,8 @@ def test_windows_longer_than_whisper_are_refused(table: dict[str, float]) -> Non
     [
         ({"idle_timeout_s": 0}, "idle_timeout_s"),
         ({"max_sessions_per_ip": 0}, "max_sessions_per_ip"),
+        ({"resume_s": -1}, "resume_s"),
+        ({"resume_s": 1e9}, "resume_s"),
         ({"allowed_origins": "https://a.example"}, "array of strings"),
         ({"allowed_origins": ["a.example"]}, "not an origin"),
         ({"allowed_origins": ["null"]}, "not an origin"),

@@ -219,11 +219,15 @@ port = 8765
 # Reachable from the network: set a token (clients send `Authorization: Bearer …`), and list
 # the other sites whose pages may connect (the daemon's own page always may).
 # allowed_origins = ["https://intranet.example.com"]
+# A client whose connection drops takes its session back within this many seconds; with the
+# journal on, also across a restart of the daemon (`systemctl restart captiond`).
+# resume_s = 60
 
 # [auth]
 # token = "a long random string"
 
 # Every final written to disk (fsync'd) before it is sent; read with `captiond journal show`.
+# It also lets clients resume their sessions across a daemon restart.
 # [journal]
 # dir = "/var/lib/captiond/journal"
 
