@@ -11,6 +11,8 @@ The rules, as the README's security section states them:
 - Token (when `[auth] token` is set): `Authorization: Bearer TOKEN` (RFC 6750; the scheme is
   case-insensitive) or `?token=TOKEN`. Every credential given must be right: a wrong one is
   never outvoted by a right one, and an Authorization header of another scheme is refused.
+  A vendor endpoint also takes the form its SDK sends (dialects/endpoints.py: Deepgram's
+  `Token KEY`, AssemblyAI's bare key).
 """
 
 from __future__ import annotations
@@ -55,8 +57,15 @@ def _same_host(origin: str, host: str) -> bool:
     return host_port is None or host_port == origin_port
 
 
-def check_token(token: str, query: Mapping[str, str], authorization: str | None) -> None:
-    """Refuse a request without the configured token (no token configured: anyone)."""
+def check_token(
+    token: str,
+    query: Mapping[str, str],
+    authorization: str | None,
+    schemes: tuple[str, ...] = ("bearer",),
+) -> None:
+    """Refuse a request without the configured token (no token configured: anyone).
+    `schemes` are the Authorization schemes an endpoint's clients use (lower case; "" is a
+    bare key, as AssemblyAI's SDK sends it)."""
     if not token:
         return
     given: list[str] = []
@@ -64,8 +73,11 @@ def check_token(token: str, query: Mapping[str, str], authorization: str | None)
         given.append(query["token"])
     if authorization is not None:
         scheme, _, credentials = authorization.strip().partition(" ")
-        if scheme.lower() != "bearer" or not credentials.strip():
-            raise UnauthorizedError("the Authorization header must be 'Bearer TOKEN'")
+        if not credentials.strip() and "" in schemes:
+            scheme, credentials = "", scheme
+        if scheme.lower() not in schemes or not credentials.strip():
+            forms = " or ".join(f"'{s.title()} TOKEN'" if s else "'TOKEN'" for s in schemes)
+            raise UnauthorizedError(f"the Authorization header must be {forms}")
         given.append(credentials.strip())
     if not given:
         raise UnauthorizedError("a token is required: Authorization: Bearer TOKEN, or ?token=")

@@ -27,19 +27,16 @@ from websockets.protocol import State
 
 from captiond import SAMPLE_RATE_HZ
 from captiond.config import ServerConfig
+from captiond.dialects import Dialect
+from captiond.dialects.native import NativeDialect
 from captiond.engines import EngineRequest, EngineResult
 from captiond.errors import (
-    BadAudioError,
     BadMessageError,
-    EngineFailedError,
     FrameTooLargeError,
     IdleTimeoutError,
-    OverloadedError,
-    RateLimitedError,
-    ResumeFailedError,
     SessionError,
     ShuttingDownError,
-    SourceNotFoundError,
+    close_code_for,
 )
 from captiond.journal import JournalError, SessionJournal
 from captiond.limits import AudioSpeedLimit
@@ -52,7 +49,6 @@ from captiond.protocol import (
     Final,
     Partial,
     ServerMessage,
-    parse_control,
 )
 from captiond.resume import HeldFinals, ResumeKey
 from captiond.scheduler import drive_session
@@ -63,19 +59,6 @@ log = logging.getLogger(__name__)
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
 CLOSE_DROPPED = 1006  # no close frame: what the journal records for a session never resumed
-CLOSE_INTERNAL = 1011
-CLOSE_CODES: dict[type[SessionError], int] = {
-    ShuttingDownError: 1001,
-    BadAudioError: 1007,
-    BadMessageError: 1008,
-    SourceNotFoundError: 1008,
-    FrameTooLargeError: 1009,
-    EngineFailedError: 1011,
-    OverloadedError: 1013,
-    RateLimitedError: 4029,
-    IdleTimeoutError: 4408,
-    ResumeFailedError: 4410,
-}
 # The `error` code sent before websockets' own close, for what it refuses itself: a frame over
 # the hard size limit, invalid UTF-8 in a text frame, a frame no websocket may send.
 _TRANSPORT_ERRORS: dict[int, str] = {
@@ -83,24 +66,21 @@ _TRANSPORT_ERRORS: dict[int, str] = {
     CloseCode.INVALID_DATA: BadMessageError.code,
     CloseCode.PROTOCOL_ERROR: BadMessageError.code,
 }
-# Control messages are a few dozen bytes; a text frame this long is not one.
-_MAX_CONTROL_BYTES = 4_096
 
 
-def close_code_for(error: SessionError) -> int:
-    for cls in type(error).__mro__:
-        if cls in CLOSE_CODES:
-            return CLOSE_CODES[cls]
-    return CLOSE_INTERNAL
-
-
-async def send_error(conn: ServerConnection, error: SessionError) -> None:
-    """Our `error` message, then the close code it maps to."""
-    code = close_code_for(error)
+async def send_error(conn: ServerConnection, error: SessionError, dialect: Dialect) -> None:
+    """The `error` in the connection's protocol, then the close code it maps to there."""
+    code = dialect.close_code(error)
     log.info("session error %s (close %d): %s", error.code, code, error)
     with contextlib.suppress(ConnectionClosed):
-        await conn.send(Error(code=error.code, message=str(error)).to_json())
+        for text in dialect.render(Error(code=error.code, message=str(error))):
+            await conn.send(text)
         await conn.close(code, error.code)
+
+
+async def _send(conn: ServerConnection, dialect: Dialect, message: ServerMessage) -> None:
+    for text in dialect.render(message):
+        await conn.send(text)
 
 
 class AnsweringConnection(ServerConnection):
@@ -109,13 +89,15 @@ class AnsweringConnection(ServerConnection):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.dialect: Dialect = NativeDialect({})  # server.py sets the endpoint's
         fail = self.protocol.fail
 
         def fail_with_error(code: int, reason: str = "") -> None:
             error_code = _TRANSPORT_ERRORS.get(code)
             if error_code is not None and self.protocol.state is State.OPEN:
                 message = Error(code=error_code, message=reason or "invalid frame")
-                self.protocol.send_text(message.to_json().encode())
+                for text in self.dialect.render(message):
+                    self.protocol.send_text(text.encode())
             fail(code, reason)
 
         self.protocol.fail = fail_with_error  # type: ignore[method-assign]
@@ -153,6 +135,7 @@ class LiveStream:
         self._submit = submit
         self._metrics = metrics
         self._done: Done | None = None
+        self._dialect: Dialect = NativeDialect({})  # the attached connection's protocol
         self._send_lock = asyncio.Lock()  # one sender at a time: a resume's replay, or the pump
         self._expiry: asyncio.TimerHandle | None = None
         loop = asyncio.get_running_loop()
@@ -172,7 +155,7 @@ class LiveStream:
     def final_code(self) -> int:
         """The close code the session ended with (journal, log)."""
         if self.error is not None:
-            return close_code_for(self.error)
+            return close_code_for(self.error)  # the journal and the log speak protocol v1
         return CLOSE_DROPPED if self.detached_at_s is not None else self.close_code
 
     def end_for_shutdown(self) -> None:
@@ -212,15 +195,16 @@ class LiveStream:
     async def serve(
         self,
         conn: ServerConnection,
+        dialect: Dialect,
         hello: Callable[[list[Final]], ServerMessage],
         *,
         resume: bool = False,
         since: int | None = None,
     ) -> None:
         """Feed the session from `conn` until it drops, another connection takes the session
-        over, or the session ends (then close `conn` with the session's code). `hello` makes
-        the first message from the finals replayed after it (a resume: the held ones from
-        segment `since`)."""
+        over, or the session ends (then close `conn` with the session's code); `dialect` is the
+        protocol `conn` speaks. `hello` makes the first message from the finals replayed after
+        it (a resume: the held ones from segment `since`)."""
         if self._conn is not None and self._conn.transport is not None:
             self._conn.transport.abort()  # half-open after a network drop: the new one wins
         self.detached_at_s = None
@@ -231,12 +215,12 @@ class LiveStream:
             async with self._send_lock:
                 self._conn = conn
                 replay = self.held.replay(since) if resume else []
-                await conn.send(hello(replay).to_json())
-                for final in replay:
-                    await conn.send(final.to_json())
+                self._dialect = dialect
+                for message in [hello(replay), *replay]:
+                    await _send(conn, dialect, message)
                 if self.finished.is_set() and self.error is None and self._done is not None:
-                    await conn.send(self._done.to_json())  # it ended while the client was away
-            reader = asyncio.create_task(self._read(conn))
+                    await _send(conn, dialect, self._done)  # it ended while the client was away
+            reader = asyncio.create_task(self._read(conn, dialect))
             finished = asyncio.create_task(self.finished.wait())
             try:
                 await asyncio.wait({reader, finished}, return_when=asyncio.FIRST_COMPLETED)
@@ -262,7 +246,7 @@ class LiveStream:
             return
         self._release()
         if self.error is not None:
-            await send_error(conn, self.error)
+            await send_error(conn, self.error, dialect)
         else:
             with contextlib.suppress(ConnectionClosed):
                 await conn.close(self.close_code)
@@ -304,7 +288,7 @@ class LiveStream:
 
     # -- input -------------------------------------------------------------------------------
 
-    async def _read(self, conn: ServerConnection) -> None:
+    async def _read(self, conn: ServerConnection, dialect: Dialect) -> None:
         """Feed frames to the session until the client goes away or breaks a rule. Frames
         after `end` are still read: one that is not a keepalive or ack is a protocol
         violation, answered after the finals."""
@@ -332,31 +316,35 @@ class LiveStream:
                 raise IdleTimeoutError(
                     f"no audio for {cfg.idle_timeout_s:g} s (keepalives do not hold a session)"
                 ) from None
-            if isinstance(message, str) and len(message) > _MAX_CONTROL_BYTES:
+            if isinstance(message, str) and len(message) > dialect.max_text_bytes:
                 raise BadMessageError(
                     f"text frame of {len(message)} characters is not a control message"
                 )
-            control = parse_control(message) if isinstance(message, str) else None
+            if isinstance(message, bytes) and len(message) > cfg.max_frame_bytes:
+                raise FrameTooLargeError(
+                    f"frame of {len(message)} bytes; the limit is {cfg.max_frame_bytes}"
+                )
+            received = dialect.receive(message)
+            for reply in received.replies:
+                async with self._send_lock:
+                    await conn.send(reply)
+            control, audio = received.control, received.audio
             if isinstance(control, Ack):
                 self.held.ack(control.segment)
                 continue
             if isinstance(self.error, ShuttingDownError):
                 continue  # the daemon ended the stream for its shutdown: late audio is dropped
-            if isinstance(message, bytes):
-                if len(message) > cfg.max_frame_bytes:
-                    raise FrameTooLargeError(
-                        f"frame of {len(message)} bytes; the limit is {cfg.max_frame_bytes}"
-                    )
+            if audio:
                 last_audio_s = loop.time()
-                self._speed.add(len(message) / bytes_per_s, last_audio_s)
-                session.receive_audio(message)
-                self.received_bytes += len(message)
-                self._metrics.audio_seconds.inc(len(message) / bytes_per_s)
+                self._speed.add(len(audio) / bytes_per_s, last_audio_s)
+                session.receive_audio(audio)
+                self.received_bytes += len(audio)
+                self._metrics.audio_seconds.inc(len(audio) / bytes_per_s)
                 self.arrivals.append((session.audio_ms, last_audio_s))
                 horizon_ms = session.audio_ms - round(cfg.max_buffered_s * 1000)
                 while self.arrivals[0][0] < horizon_ms:
                     self.arrivals.popleft()  # no final can end there: no speech for a while
-            elif control is not None:
+            if control is not None:
                 session.receive_control(control)
             self.wake.set()
 
@@ -386,7 +374,7 @@ class LiveStream:
                             self.journal = None
                 if self._conn is not None:
                     with contextlib.suppress(ConnectionClosed):  # its reader sees the drop
-                        await self._conn.send(message.to_json())
+                        await _send(self._conn, self._dialect, message)
 
     def _observe(self, message: object) -> None:
         now_s = asyncio.get_running_loop().time()

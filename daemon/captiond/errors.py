@@ -1,9 +1,10 @@
 """The one exception tree of captiond.
 
 Every error the daemon raises on purpose derives from `CaptiondError`. Errors that end a client
-session carry a protocol `code` (the `error` message's code); server.py maps them to close codes
-in one place. Requests refused before the websocket upgrade carry their HTTP `status` instead.
-Pure values: used on every thread.
+session carry a protocol `code` (the `error` message's code) and map to protocol v1's close
+codes here, in `CLOSE_CODES`, and nowhere else (a vendor dialect maps them to its own).
+Requests refused before the websocket upgrade carry their HTTP `status` instead. Pure values:
+used on every thread.
 """
 
 from __future__ import annotations
@@ -103,3 +104,26 @@ class SourceNotFoundError(SessionError):
     """A viewer asked for a daemon-side source that does not exist."""
 
     code = "no_such_source"
+
+
+CLOSE_INTERNAL = 1011
+CLOSE_CODES: dict[type[SessionError], int] = {
+    ShuttingDownError: 1001,
+    BadAudioError: 1007,
+    BadMessageError: 1008,
+    SourceNotFoundError: 1008,
+    FrameTooLargeError: 1009,
+    EngineFailedError: 1011,
+    OverloadedError: 1013,
+    RateLimitedError: 4029,
+    IdleTimeoutError: 4408,
+    ResumeFailedError: 4410,
+}
+
+
+def close_code_for(error: SessionError) -> int:
+    """Protocol v1's close code for `error` (its class's, or the nearest base class's)."""
+    for cls in type(error).__mro__:
+        if cls in CLOSE_CODES:
+            return CLOSE_CODES[cls]
+    return CLOSE_INTERNAL

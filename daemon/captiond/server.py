@@ -30,6 +30,9 @@ from captiond.access import ConnectionsPerIp, check_origin, check_token
 from captiond.audio import ms_to_samples
 from captiond.config import Config
 from captiond.connection import CLOSE_GOING_AWAY, AnsweringConnection, LiveStream, send_error
+from captiond.dialects import Dialect
+from captiond.dialects.endpoints import ENDPOINTS
+from captiond.dialects.native import NativeDialect
 from captiond.errors import (
     OverloadedError,
     RequestRejectedError,
@@ -48,7 +51,6 @@ from captiond.protocol import (
     StreamParams,
     parse_resume,
     parse_since,
-    parse_stream_params,
 )
 from captiond.resume import MAX_HELD_FINALS, ResumeKey, session_of_token
 from captiond.scheduler import InferenceScheduler
@@ -160,7 +162,8 @@ class Daemon:
         url = urlsplit(request.path)
         if url.path == "/healthz":
             return connection.respond(http.HTTPStatus.OK, "ok\n")
-        if url.path in ("/v1/stream", "/v1/captions", "/metrics"):
+        endpoint = ENDPOINTS.get(url.path)
+        if endpoint is not None or url.path in ("/v1/captions", "/metrics"):
             try:
                 check_origin(
                     request.headers.get("Origin"),
@@ -171,6 +174,7 @@ class Daemon:
                     self.config.auth.token,
                     dict(parse_qsl(url.query)),
                     request.headers.get("Authorization"),
+                    endpoint.auth_schemes if endpoint else ("bearer",),
                 )
             except RequestRejectedError as exc:
                 log.info("refused %s from %s: %s", url.path, connection.remote_address, exc)
@@ -199,19 +203,24 @@ class Daemon:
         assert conn.request is not None
         url = urlsplit(conn.request.path)
         query = dict(parse_qsl(url.query))
+        endpoint = ENDPOINTS.get(url.path)
+        dialect = endpoint.dialect(query) if endpoint else NativeDialect(query)
+        if isinstance(conn, AnsweringConnection):
+            conn.dialect = dialect
         ip = str(conn.remote_address[0]) if conn.remote_address else "?"
         if not self._per_ip.try_open(ip):
             self.metrics.refused.labels(reason="connections per IP").inc()
             limit = self.config.server.max_sessions_per_ip
-            await send_error(conn, OverloadedError(f"{limit} connections from {ip} are open"))
+            error = OverloadedError(f"{limit} connections from {ip} are open")
+            await send_error(conn, error, dialect)
             return
         try:
-            if url.path == "/v1/captions":
+            if endpoint is None:
                 await self._watch(conn, query.get("source", ""), parse_since(query))
             else:
-                await self._stream(conn, query)
+                await self._stream(conn, query, dialect, endpoint.resumable)
         except SessionError as exc:
-            await send_error(conn, exc)
+            await send_error(conn, exc, dialect)
         finally:
             self._per_ip.close(ip)
 
@@ -228,19 +237,21 @@ class Daemon:
             await conn.close(CLOSE_GOING_AWAY)
         log.debug("close viewer source=%s peer=%s", name, conn.remote_address)
 
-    async def _stream(self, conn: ServerConnection, query: dict[str, str]) -> None:
-        resume = parse_resume(query)
+    async def _stream(
+        self, conn: ServerConnection, query: dict[str, str], dialect: Dialect, resumable: bool
+    ) -> None:
+        resume = parse_resume(query) if resumable else None
         if resume is not None:
-            await self._take_back(conn, resume)
+            await self._take_back(conn, resume, dialect)
             return
-        params = parse_stream_params(query, self.config.stream.language)
+        params = dialect.stream_params(self.config.stream.language)
         key: ResumeKey | None = None
         token: str | None = None
-        if self.config.server.resume_s > 0:
+        if resumable and self.config.server.resume_s > 0:
             key, token = ResumeKey.new(uuid.uuid4().hex[:12])
         live = self._open_stream(conn, params, resume_key=key)
         ready = self._ready(live, token)
-        await live.serve(conn, lambda _: ready)
+        await live.serve(conn, dialect, lambda _: ready)
 
     def _open_stream(
         self,
@@ -340,7 +351,9 @@ class Daemon:
                 except JournalError as exc:
                     log.error("session %s: journal end record failed: %s", live.id, exc)
 
-    async def _take_back(self, conn: ServerConnection, resume: ResumeRequest) -> None:
+    async def _take_back(
+        self, conn: ServerConnection, resume: ResumeRequest, dialect: Dialect
+    ) -> None:
         """Give the stream a resume token names, from memory or (after a restart) the journal,
         to `conn`: `resumed`, the finals to replay, then the stream goes on."""
         session_id = session_of_token(resume.token)
@@ -368,7 +381,7 @@ class Daemon:
                 replayed=len(replay),
             )
 
-        await live.serve(conn, resumed, resume=True, since=resume.since)
+        await live.serve(conn, dialect, resumed, resume=True, since=resume.since)
 
     async def _from_journal(
         self, conn: ServerConnection, session_id: str, resume: ResumeRequest

@@ -1,0 +1,51 @@
+"""Wire dialects: how one websocket protocol maps onto a live stream (Sans-I/O).
+
+A stream's session, scheduler and engine are the same whatever the client speaks; a dialect
+only translates. It turns each frame the client sends into audio bytes (in the stream's
+encoding), a control for the session, and replies to send at once; and it renders each
+message the session produces (`ready`, partials, finals, speech events, `done`, `error`) as
+zero or more frames of its own protocol. One dialect instance per connection, used on the
+event-loop thread. `native.py` is captiond's protocol v1; the others are cloud vendors' APIs,
+so that their unmodified SDKs work against a local daemon (see the README).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from captiond.errors import SessionError
+from captiond.protocol import Ack, Control, ServerMessage, StreamParams
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Received:
+    """What one client frame means: audio to feed, a control for the session, replies now."""
+
+    audio: bytes = b""
+    control: Control | Ack | None = None
+    replies: tuple[str, ...] = ()
+
+
+class Dialect(Protocol):
+    """Made from the connection's query string (never raises: errors are rendered by it)."""
+
+    # Text frames longer than this are refused before they are parsed (bad_message).
+    max_text_bytes: int
+
+    def stream_params(self, default_language: str) -> StreamParams:
+        """The stream's audio format and language from the query string; raises a
+        SessionError for one the protocol refuses."""
+        ...
+
+    def receive(self, frame: str | bytes) -> Received:
+        """Translate one client frame; raises a SessionError for what the protocol forbids."""
+        ...
+
+    def render(self, message: ServerMessage) -> list[str]:
+        """The frames that tell the client `message` (none: it has no such event)."""
+        ...
+
+    def close_code(self, error: SessionError) -> int:
+        """The websocket close code that follows `error` in this protocol."""
+        ...
