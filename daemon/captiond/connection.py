@@ -329,6 +329,8 @@ class LiveStream:
                 async with self._send_lock:
                     await conn.send(reply)
             control, audio = received.control, received.audio
+            if received.language is not None:
+                session.set_language(received.language)
             if isinstance(control, Ack):
                 self.held.ack(control.segment)
                 continue

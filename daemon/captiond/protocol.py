@@ -50,10 +50,15 @@ def parse_stream_params(query: Mapping[str, str], default_language: str) -> Stre
         raise BadAudioError(
             f"unsupported sample_rate {rate_hz}: use {MIN_SAMPLE_RATE_HZ}..{MAX_SAMPLE_RATE_HZ} Hz"
         )
-    language = query.get("language", default_language)
-    if not (language.isalpha() and 2 <= len(language) <= 3):
-        raise BadMessageError(f"language must be a 2- or 3-letter code, got {language!r}")
-    return StreamParams(sample_rate_hz=rate_hz, encoding=encoding, language=language.lower())
+    language = check_language(query.get("language", default_language))
+    return StreamParams(sample_rate_hz=rate_hz, encoding=encoding, language=language)
+
+
+def check_language(language: str) -> str:
+    """A language code as Whisper names them (2 or 3 letters), lower case."""
+    if not (language.isascii() and language.isalpha() and 2 <= len(language) <= 3):
+        raise BadMessageError(f"language must be a 2- or 3-letter code, got {language[:20]!r}")
+    return language.lower()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

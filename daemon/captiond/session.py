@@ -15,6 +15,7 @@ takes the rest from the decode (stabilize.keep_stable), so it never contradicts 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections import deque
 from collections.abc import Iterable
@@ -46,6 +47,7 @@ from captiond.protocol import (
     SpeechStarted,
     SpeechStopped,
     StreamParams,
+    check_language,
 )
 from captiond.stabilize import LocalAgreement, keep_stable
 from captiond.vad import UtteranceEnd, UtteranceStart, Vad, VadEvent, VadSegmenter
@@ -160,6 +162,10 @@ class StreamSession:
         if self.state is not SessionState.STREAMING:
             raise BadMessageError("audio after 'end': the stream is closed")
         self._push_samples(samples)
+
+    def set_language(self, language: str) -> None:
+        """Decode the audio from now on as `language` (a session update of a vendor API)."""
+        self._params = dataclasses.replace(self._params, language=check_language(language))
 
     def receive_control(self, control: Control) -> None:
         if control is Control.KEEPALIVE:
