@@ -195,12 +195,12 @@ _EXPECTED: list[tuple[ServerMessage, str, list[str]]] = [
     (
         Partial(segment=0, rev=1, start_ms=0, end_ms=500, stable="hello", unstable="wor"),
         "partial",
-        ["segment", "rev", "start_ms", "end_ms", "stable", "unstable"],
+        ["segment", "rev", "start_ms", "end_ms", "stable", "unstable", "language"],
     ),
     (
         Final(segment=3, start_ms=10, end_ms=2000, text="hello world"),
         "final",
-        ["segment", "start_ms", "end_ms", "text"],
+        ["segment", "start_ms", "end_ms", "text", "language"],
     ),
     (SpeechStarted(start_ms=120), "speech_started", ["start_ms"]),
     (SpeechStopped(end_ms=900), "speech_stopped", ["end_ms"]),
@@ -241,8 +241,10 @@ def test_json_keeps_non_ascii_text() -> None:
 
 
 def test_message_values() -> None:
-    data = Partial(segment=2, rev=5, start_ms=30, end_ms=990, stable="a b", unstable="c").to_dict()
-    assert data == {
+    partial = Partial(
+        segment=2, rev=5, start_ms=30, end_ms=990, stable="a b", unstable="c", language="de"
+    )
+    assert partial.to_dict() == {
         "type": "partial",
         "segment": 2,
         "rev": 5,
@@ -250,4 +252,5 @@ def test_message_values() -> None:
         "end_ms": 990,
         "stable": "a b",
         "unstable": "c",
+        "language": "de",
     }

@@ -425,6 +425,7 @@ def test_dropped_final_after_a_partial_keeps_only_the_stable_words(name: str) ->
             start_ms=partials[0].start_ms,
             end_ms=driver.of(Final)[0].end_ms,
             text="hello",
+            language="en",
         )
     ]
     assert driver.messages[-1] == Done(audio_ms=2700, segments=1)

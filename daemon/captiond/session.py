@@ -50,6 +50,7 @@ from captiond.protocol import (
     check_language,
 )
 from captiond.stabilize import LocalAgreement, keep_stable
+from captiond.text import join_units, units
 from captiond.vad import UtteranceEnd, UtteranceStart, Vad, VadEvent, VadSegmenter
 
 # Audio kept behind the stream's end while no utterance is open: the segmenter may open one
@@ -103,6 +104,7 @@ class _Utterance:
     rev: int = 0
     partial_end_sample: int = 0  # audio end covered by the latest partial request
     speech_confirmed: bool = False  # a decode of it produced text: the speech gate let it by
+    language: str | None = None  # decided once per utterance (with ?language=auto: detected)
     agreement: LocalAgreement = field(default_factory=LocalAgreement)
 
 
@@ -145,6 +147,10 @@ class StreamSession:
         self._final_window_samples = ms_to_samples(round(config.stream.context_s * 1000))
         self._partial_window_samples = ms_to_samples(round(config.stream.partial_context_s * 1000))
         self._segments = origin.first_segment
+        # The session's language so far: what an utterance in ?language=auto is decoded in
+        # unless another one is detected with confidence (engines.choose_language).
+        self._language: str | None = None if params.auto_language else params.language
+        self._detect_samples = ms_to_samples(round(config.stream.language_detect_s * 1000))
         self.state = SessionState.STREAMING
 
     # -- input -------------------------------------------------------------------------------
@@ -164,8 +170,11 @@ class StreamSession:
         self._push_samples(samples)
 
     def set_language(self, language: str) -> None:
-        """Decode the audio from now on as `language` (a session update of a vendor API)."""
+        """Decode the utterances from the next one on as `language` (or "auto"), a session
+        update of a vendor API."""
         self._params = dataclasses.replace(self._params, language=check_language(language))
+        if not self._params.auto_language:
+            self._language = self._params.language
 
     def receive_control(self, control: Control) -> None:
         if control is Control.KEEPALIVE:
@@ -205,12 +214,15 @@ class StreamSession:
         assert request is self._in_flight, "results must answer the request in flight"
         self._in_flight = None
         utt = self._closed[0] if request.kind is DecodeKind.FINAL else self._open
-        if result.text.strip() and utt is not None and utt.index == request.utterance:
-            utt.speech_confirmed = True
+        if utt is not None and utt.index == request.utterance:
+            if result.text.strip():
+                utt.speech_confirmed = True
+            if utt.language is None:
+                self._decide_language(utt, result.language or "en")
         new = "" if self._is_hallucination(request, result) else result.text.strip()
         # The forced words stay as they were even if Whisper would have extended the last one
         # (a word split across the commit point): stable words are a promise.
-        text = " ".join((*request.forced_words, *new.split()))
+        text = join_units((*request.forced_words, *units(new)))
         if request.kind is DecodeKind.FINAL:
             self._finish(self._closed.popleft(), request, decoded=text)
         elif self._open is not None and self._open.index == request.utterance and text:
@@ -279,10 +291,12 @@ class StreamSession:
     def _handle_vad(self, events: Iterable[VadEvent]) -> None:
         for event in events:
             if isinstance(event, UtteranceStart):
+                auto = self._params.auto_language
                 self._open = _Utterance(
                     index=next(self._utterances),
                     start_sample=event.start_sample,
                     agreement=LocalAgreement(self._stream.stable_hold_back_words),
+                    language=None if auto else self._params.language,
                 )
                 self._outbox.append(SpeechStarted(start_ms=samples_to_ms(event.start_sample)))
             elif isinstance(event, UtteranceEnd) and self._open is not None:
@@ -295,6 +309,8 @@ class StreamSession:
         end = self._buffer.end_sample
         if end - utt.start_sample > self._partial_limit_samples:
             return False
+        if utt.language is None and end - utt.start_sample < self._detect_samples:
+            return False  # too little audio to tell its language: no partial yet
         since = end - max(utt.partial_end_sample, utt.start_sample)
         return since >= self._partial_interval_samples
 
@@ -310,7 +326,7 @@ class StreamSession:
             utterance_start=utt.start_sample,
             end_sample=end,
             window_samples=window,
-            forced_chars=len(" ".join(forced)),
+            forced_chars=len(join_units(forced)),
         )
         gate_from: int | None = None
         if not utt.speech_confirmed:
@@ -327,9 +343,12 @@ class StreamSession:
             engine_request=EngineRequest(
                 audio=self._buffer.slice(context.start_sample, end),
                 kind=kind,
-                language=self._params.language,
+                language=utt.language,
+                language_hint=self._language,
+                detect_from_sample=utt.start_sample - context.start_sample,
+                task=self._params.task,
                 prompt=context.prompt,
-                prefix=" ".join(filter(None, (context.prefix, *forced))),
+                prefix=" ".join(filter(None, (context.prefix, join_units(forced)))),
                 beam_size=beam,
                 speech_from_sample=gate_from,
             ),
@@ -341,7 +360,7 @@ class StreamSession:
         cfg = self._stream
         if not any(ch.isalnum() for ch in result.text):
             return True
-        words = len(request.forced_words) + len(result.text.split())
+        words = len(request.forced_words) + len(units(result.text))
         silent = (
             result.no_speech_prob > cfg.no_speech_threshold
             and result.avg_logprob < cfg.logprob_threshold
@@ -356,6 +375,14 @@ class StreamSession:
             and result.avg_logprob < cfg.sparse_logprob_threshold
         )
         return silent or sparse or result.compression_ratio > cfg.compression_ratio_threshold
+
+    def _decide_language(self, utt: _Utterance, language: str) -> None:
+        """An utterance's language is decided by its first decode and never changes (no
+        flapping within an utterance). One in another language than the conversation so far
+        does not continue its context: the forced prefix would be in the wrong language."""
+        utt.language = language
+        if self._language is not None and language != self._language:
+            self._context.break_context()
 
     def _segment_of(self, utt: _Utterance) -> int:
         if utt.segment is None:
@@ -372,8 +399,9 @@ class StreamSession:
                 rev=utt.rev,
                 start_ms=samples_to_ms(request.start_sample),
                 end_ms=samples_to_ms(request.end_sample),
-                stable=" ".join(split.stable),
-                unstable=" ".join(split.unstable),
+                stable=join_units(split.stable),
+                unstable=join_units(split.unstable),
+                language=utt.language,
             )
         )
 
@@ -390,6 +418,7 @@ class StreamSession:
                     start_ms=samples_to_ms(request.start_sample),
                     end_ms=samples_to_ms(request.end_sample),
                     text=text,
+                    language=utt.language,
                 )
             )
         self._context.commit(
@@ -397,6 +426,7 @@ class StreamSession:
                 start_sample=request.start_sample, end_sample=request.end_sample, text=decoded
             )
         )
+        self._language = utt.language
         self._trim_buffer()
 
     def _maybe_done(self) -> None:

@@ -1,4 +1,5 @@
-"""LocalAgreement-2 over words: which part of a partial hypothesis is stable.
+"""LocalAgreement-2 over words (text units: characters in Chinese and Japanese, see text.py):
+which part of a partial hypothesis is stable.
 
 Sans-I/O, one instance per open utterance, on the event-loop thread. Every partial decode of an
 utterance starts at the utterance's first sample, so consecutive hypotheses share a prefix. A word
@@ -14,6 +15,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from captiond.text import join_units, units
 
 # How far (in words) a final decode may shift a stable word and still be matched with it.
 _ANCHOR_SHIFT_WORDS = 3
@@ -46,7 +49,7 @@ class LocalAgreement:
 
     def update(self, hypothesis: str) -> Split:
         """Take the newest hypothesis of the whole utterance; return its stable/unstable split."""
-        words = hypothesis.split()
+        words = units(hypothesis)
         # Agreement of the two newest hypotheses beyond what is already committed.
         limit = min(len(self._previous) - self._hold_back, len(words))
         agreed = len(self._committed)
@@ -75,9 +78,9 @@ def keep_stable(stable: Sequence[str], decoded: str) -> str:
     stable "And so my fellow" and decode "And so am I fellow Americans." give
     "And so my fellow Americans.".
     """
-    words = decoded.split()
+    words = units(decoded)
     if not stable:
-        return " ".join(words)
+        return join_units(words)
     # Matched loosely: a final that extends a word ("fellows") still anchors at it.
     matcher = difflib.SequenceMatcher(
         None, [_stem(w) for w in stable], [_stem(w) for w in words], autojunk=False
@@ -89,4 +92,4 @@ def keep_stable(stable: Sequence[str], decoded: str) -> str:
     for a, b, size in matcher.get_matching_blocks():
         if size and a < len(stable) and abs(b - a) <= _ANCHOR_SHIFT_WORDS:
             rest = b + len(stable) - a
-    return " ".join([*stable, *words[rest:]])
+    return join_units([*stable, *words[rest:]])

@@ -42,7 +42,11 @@ def add_options(p: argparse.ArgumentParser, default_clips: str) -> None:
     p.add_argument("--url", default=None, help="stream to this daemon instead of in-process")
     p.add_argument("--config", type=Path, help="TOML configuration file")
     p.add_argument("--engine", choices=ENGINE_NAMES, help="inference engine (default auto)")
-    p.add_argument("--model", default=None, help="CTranslate2 Whisper folder (default: bundled)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model name, Hugging Face repo id or folder (default: bundled tiny.en)",
+    )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None)
     p.add_argument(
         "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="config override"

@@ -37,7 +37,11 @@ def add_engine_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--batch", default=None, help="comma list; default 1,8,32,128 (cuda), 1,2 (cpu)")
     p.add_argument("--steps", type=int, default=None, help="decode steps timed (128 cuda, 16 cpu)")
     p.add_argument("--random-weights", default=None, metavar="SHAPE", help="tiny ... large-v3")
-    p.add_argument("--model", default=None, help="CTranslate2 Whisper folder (default: bundled)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model name, Hugging Face repo id or folder (default: bundled tiny.en)",
+    )
     p.add_argument("--audio", type=Path, default=None, help="16 kHz mono 16-bit WAV (≤ 30 s)")
     p.add_argument("--out", type=Path, required=True, help="JSON file to write")
     p.set_defaults(func=_bench_engine)

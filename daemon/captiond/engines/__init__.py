@@ -42,11 +42,20 @@ class EngineRequest:
     window's first part. The result holds only what the model generated after the prefix.
     `speech_from_sample`, when set, asks the speech gate (speech_gate.py) to confirm speech in
     the audio from that sample on before the model runs; engines without a gate ignore it.
+
+    `language` None asks the engine to detect it (Whisper's language-token probabilities on
+    the first 30 s of `audio[detect_from_sample:]`, the utterance without its context) and to
+    decode in the language `choose_language` picks given `language_hint`, the session's
+    language so far. An English-only model always decodes English. `task` is "transcribe" or
+    "translate" (to English).
     """
 
     audio: npt.NDArray[np.float32]
     kind: DecodeKind
-    language: str | None = None
+    language: str | None = "en"
+    language_hint: str | None = None
+    detect_from_sample: int = 0
+    task: str = "transcribe"
     prompt: str = ""
     prefix: str = ""
     beam_size: int = 1
@@ -62,6 +71,9 @@ class EngineResult:
     avg_logprob: float = 0.0
     no_speech_prob: float = 0.0
     compression_ratio: float = 1.0
+    # The language decoded in, and its detected probability (1.0 when it was given).
+    language: str | None = None
+    language_probability: float = 1.0
 
 
 class Engine(Protocol):
@@ -76,6 +88,11 @@ class Engine(Protocol):
     @property
     def max_batch(self) -> int:
         """The most requests worth decoding in one call (the scheduler's default limit)."""
+        ...
+
+    @property
+    def multilingual(self) -> bool:
+        """The model knows languages other than English (and can detect and translate)."""
         ...
 
     def warmup(self) -> None:
@@ -100,6 +117,22 @@ def fit_prompt(previous: Sequence[int], prefix: Sequence[int]) -> tuple[list[int
     room = PROMPT_BUDGET_TOKENS - len(kept_prefix)
     kept_previous = list(previous[max(0, len(previous) - room) :]) if room > 0 else []
     return kept_previous, kept_prefix
+
+
+# A session's language gives way to a detected other language only this sure: a few words of
+# English in a German meeting do not switch the captions to English.
+LANGUAGE_SWITCH_PROBABILITY = 0.7
+
+
+def choose_language(probabilities: dict[str, float], hint: str | None) -> tuple[str, float]:
+    """The language to decode in, from Whisper's language probabilities and the session's
+    language so far (hysteresis), with its probability. The same rule in every engine."""
+    detected = max(probabilities, key=probabilities.__getitem__)
+    if hint is None or hint not in probabilities or detected == hint:
+        return detected, probabilities[detected]
+    if probabilities[detected] >= LANGUAGE_SWITCH_PROBABILITY:
+        return detected, probabilities[detected]
+    return hint, probabilities[hint]
 
 
 def cuda_available() -> bool:
@@ -146,7 +179,7 @@ def load_engine(config: EngineConfig) -> Engine:
         from captiond.engines.fake import FakeEngine
 
         return FakeEngine()
-    model_path = resolve_model(config.model)
+    model_path = resolve_model(config.model, allow_download=config.allow_download)
     engine: Engine
     if name == "faster-whisper":
         from captiond.engines.faster_whisper import FasterWhisperEngine

