@@ -1,7 +1,8 @@
 """Headless Chromium for tests of the web client, driven over the DevTools protocol (CDP).
 
 `launch_chromium` starts the Debian `chromium` with a fresh profile and fake media devices and
-yields its DevTools URL; `open_page` opens a tab and speaks CDP to it with `websockets`.
+yields its DevTools URL; `open_page` opens a tab and speaks CDP to it with `websockets`. Below
+them: small helpers to drive the captions page, and WAV files for the fake microphone.
 """
 
 from __future__ import annotations
@@ -14,14 +15,19 @@ import json
 import shutil
 import subprocess
 import time
+import wave
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import soxr
 from conftest import missing_tool
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
+
+from captiond.server import Daemon
 
 FLAGS = [
     "--headless=new",
@@ -170,3 +176,63 @@ async def open_page(browser_url: str) -> AsyncIterator[Page]:
                 yield tab
         finally:
             await page.call("Target.closeTarget", targetId=target_id)
+
+
+# -- the page ---------------------------------------------------------------------------------
+
+# The transcript's final texts, as the page shows them.
+FINAL_TEXTS_JS = (
+    "[...document.querySelectorAll('#transcript .final .text')].map(e => e.textContent)"
+)
+
+
+def page_url(daemon: Daemon, query: str = "") -> str:
+    return f"http://127.0.0.1:{daemon.port}/{'?' + query if query else ''}"
+
+
+def click(button_id: str) -> str:
+    return f"document.getElementById({button_id!r}).click()"
+
+
+def click_mode(mode: str) -> str:
+    return f"document.querySelector('[data-mode={mode}]').click()"
+
+
+def choose_theme(theme: str) -> str:
+    return f"theme.value = '{theme}'; theme.dispatchEvent(new Event('change'))"
+
+
+async def notice(page: Page) -> str:
+    """The notice, once one shows."""
+    text: str = await page.wait_for("!notice.hidden && notice.textContent", "a notice")
+    return text
+
+
+async def finals_at_least(page: Page, count: int, timeout_s: float = 30) -> list[str]:
+    texts: list[str] = await page.wait_for(
+        f"(t => t.length >= {count} && t)({FINAL_TEXTS_JS})", f"{count} finals", timeout_s
+    )
+    return texts
+
+
+# -- the fake microphone: Chromium plays a WAV file in a loop -----------------------------------
+
+
+def tone(seconds: float) -> np.ndarray:
+    t = np.arange(int(seconds * 16_000)) / 16_000
+    return 0.3 * np.sin(2 * np.pi * 220 * t)
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * 16_000))
+
+
+def write_capture(samples: np.ndarray, path: Path) -> Path:
+    """Float samples at 16 kHz as the 48 kHz WAV Chromium's fake microphone plays in a loop."""
+    at_48k = soxr.resample(samples.astype(np.float32), 16_000, 48_000)
+    with wave.open(str(path), "wb") as wf:
+        wf.setnchannels(1)
+        wf.setsampwidth(2)
+        wf.setframerate(48_000)
+        wf.writeframes((np.clip(at_48k, -1, 1) * 32767).astype("<i2").tobytes())
+    return path

@@ -1,30 +1,42 @@
-"""The web client in a real headless Chromium, against a real daemon.
+"""The web client in a real headless Chromium, against a real daemon: the page on its own.
 
 The proof: Chromium's fake microphone plays a speech clip, the page captures it with its
 AudioWorklet, converts it to 16 kHz and streams it; the transcript it shows matches the clip's
 reference. The fake device drops or repeats 10 ms buffers, so text is compared, never samples.
-The other tests check the messages a user sees when something fails, with the fake engine.
+The other tests use the fake engine (a word per 250 ms of tone): what a user sees when something
+fails, the caption and transcript modes, contrast, and the page's own modules (the transcript
+and its exports, the reconnect policy, the audio kept for resending). A meeting that outlives
+its connection is test_browser_session.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import wave
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import soxr
-from browser_harness import Page, launch_chromium, open_page
+from browser_harness import (
+    FINAL_TEXTS_JS,
+    choose_theme,
+    click,
+    click_mode,
+    launch_chromium,
+    notice,
+    open_page,
+    page_url,
+    silence,
+    tone,
+    write_capture,
+)
 from conftest import REPO_ROOT, read_wav_int16
 from daemon_harness import make_config, running_daemon
 
 from captiond.bench.wer import word_errors
 from captiond.engines import load_engine
-from captiond.server import Daemon
 
 CLIP_ID = "jfk_inaugural_1961"
 LEAD_SILENCE_S = 1.0
@@ -34,9 +46,7 @@ STOP_AFTER_TAIL_S = 2.5
 MAX_WER = 0.35
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 
-TRANSCRIPT_JS = (
-    "[...document.querySelectorAll('#transcript .final .text')].map(e => e.textContent).join(' ')"
-)
+TRANSCRIPT_JS = f"{FINAL_TEXTS_JS}.join(' ')"
 
 SHOWS_PARTIAL_JS = (
     "document.querySelectorAll('#transcript .final').length >= 2 && !live.hidden"
@@ -45,36 +55,15 @@ SHOWS_PARTIAL_JS = (
 )
 
 
-def page_url(daemon: Daemon, query: str = "") -> str:
-    return f"http://127.0.0.1:{daemon.port}/{'?' + query if query else ''}"
-
-
-def write_fake_capture(samples_16k: np.ndarray, path: Path) -> None:
-    """The clip between silences, at 48 kHz as a real microphone delivers it."""
-    lead = np.zeros(int(LEAD_SILENCE_S * 16_000), np.int16)
-    tail = np.zeros(int(TAIL_SILENCE_S * 16_000), np.int16)
-    padded = np.concatenate([lead, samples_16k, tail]).astype(np.float32) / 32768
-    at_48k = soxr.resample(padded, 16_000, 48_000)
-    with wave.open(str(path), "wb") as wf:
-        wf.setnchannels(1)
-        wf.setsampwidth(2)
-        wf.setframerate(48_000)
-        wf.writeframes((np.clip(at_48k, -1, 1) * 32767).astype("<i2").tobytes())
-
-
-async def notice(page: Page) -> str:
-    text: str = await page.wait_for("!notice.hidden && notice.textContent", "a notice")
-    return text
-
-
 @pytest.mark.model
 def test_microphone_captions_match_the_reference(
     tmp_path: Path, speech_dir: Path, speech_manifest: list[dict[str, Any]]
 ) -> None:
     clip = next(m for m in speech_manifest if m["id"] == CLIP_ID)
     samples = read_wav_int16(speech_dir / clip["file"])
-    capture = tmp_path / "capture.wav"
-    write_fake_capture(samples, capture)
+    speech = samples.astype(np.float32) / 32768
+    padded = np.concatenate([silence(LEAD_SILENCE_S), speech, silence(TAIL_SILENCE_S)])
+    capture = write_capture(padded, tmp_path / "capture.wav")
     stop_at_ms = int((LEAD_SILENCE_S + len(samples) / 16_000 + STOP_AFTER_TAIL_S) * 1000)
     engine = load_engine(make_config(engine={"name": "faster-whisper", "device": "cpu"}).engine)
     engine.warmup()
@@ -83,16 +72,21 @@ def test_microphone_captions_match_the_reference(
         async with running_daemon(engine=engine, vad_factory=None) as daemon:
             with launch_chromium(tmp_path / "profile", fake_audio=capture) as browser:
                 async with open_page(browser) as page:
-                    await page.viewport(1280, 720)
+                    await page.viewport(1920, 1080)
                     await page.navigate(page_url(daemon))
                     await page.evaluate("document.getElementById('start').click()")
                     await page.wait_for("state.dataset.state === 'live'", "live", 60)
-                    # The screenshot for the docs: finals, and a partial with an unstable tail.
-                    shot = ARTIFACTS / "browser-captions.png"
+                    # The screenshots for the docs (docs/page-*.png): finals, and a partial with
+                    # an unstable tail, in each mode (and theme).
+                    shot = ARTIFACTS / "page-transcript.png"
                     shot.unlink(missing_ok=True)
+                    await page.evaluate(choose_theme("light"))
                     while await page.evaluate(f"+clock.dataset.ms < {stop_at_ms}"):
                         if not shot.exists() and await page.evaluate(SHOWS_PARTIAL_JS):
                             await page.screenshot(shot)
+                            await page.evaluate(click_mode("captions") + ";" + choose_theme("dark"))
+                            await page.screenshot(ARTIFACTS / "page-captions.png")
+                            await page.evaluate(click_mode("transcript"))
                         await asyncio.sleep(0.1)
                     await page.wait_for("!!document.querySelector('#transcript .final')", "a final")
                     if not shot.exists():
@@ -193,28 +187,245 @@ def test_viewer_of_a_missing_source_says_so_on_a_phone(browser: str) -> None:
     assert fits, "the page scrolls sideways on a phone"
 
 
-def test_transcript_exports(browser: str) -> None:
-    """What the .txt and .vtt downloads hold, built by the page's own module."""
-    script = """import('/caption-view.js').then((m) => {
-        const live = document.createElement('p');
-        live.innerHTML = '<span class="stable"></span><span class="unstable"></span>';
-        const v = new m.CaptionView({scroller: document.createElement('div'),
-                                     transcript: document.createElement('ol'), live});
-        v.handle({type: 'partial', segment: 0, rev: 0, start_ms: 0, end_ms: 900,
-                  stable: 'a', unstable: 'b'});
-        const shown = live.textContent;
-        v.handle({type: 'final', segment: 0, start_ms: 1230, end_ms: 3723004, text: ' a <b> & c'});
-        v.handle({type: 'final', segment: 1, start_ms: 3723004, end_ms: 3724000, text: ''});
-        return [shown, live.hidden, v.toText(), v.toVtt()];
-    })"""
+def test_caption_mode_rolls_three_lines_and_transcript_mode_uses_the_width(
+    tmp_path: Path,
+) -> None:
+    """A room screen at 1920x1080 while one long utterance streams: caption mode shows at most
+    three lines, the partial as the last, with nothing to scroll; transcript mode's text runs
+    across more than 80 % of the screen."""
+    mic = write_capture(
+        np.concatenate([silence(1.0), tone(18.0), silence(3.0)]), tmp_path / "mic.wav"
+    )
+    words_js = "live.textContent.split(/\\s+/).filter(Boolean).length"
 
-    async def scenario() -> list[Any]:
+    async def scenario() -> None:
+        async with running_daemon() as daemon:
+            with launch_chromium(tmp_path / "profile", mic) as browser:
+                async with open_page(browser) as page:
+                    await page.viewport(1920, 1080)
+                    await page.navigate(page_url(daemon, "mode=captions"))
+                    assert (
+                        await page.evaluate("document.documentElement.dataset.mode") == "captions"
+                    )
+                    await page.evaluate(click("start"))
+                    await page.wait_for(f"{words_js} >= 48", "a long partial", 40)
+                    box = await page.evaluate(
+                        """(() => {
+                        const box = document.getElementById('caption-box');
+                        const now = box.querySelector('.now');
+                        const main = document.getElementById('captions');
+                        return {
+                          lines: box.clientHeight / parseFloat(getComputedStyle(box).lineHeight),
+                          nowBottom: now.getBoundingClientRect().bottom,
+                          boxBottom: box.getBoundingClientRect().bottom,
+                          clipped: now.scrollHeight > box.clientHeight,
+                          scrolls: main.scrollHeight > main.clientHeight,
+                          fontPx: parseFloat(getComputedStyle(box).fontSize),
+                        };
+                        })()"""
+                    )
+                    await page.screenshot(ARTIFACTS / "browser-caption-mode.png")
+                    assert box["lines"] <= 3.01, box
+                    assert abs(box["nowBottom"] - box["boxBottom"]) < 1, box
+                    assert box["clipped"] and not box["scrolls"], box
+                    assert box["fontPx"] >= 60, box
+                    await page.evaluate(click_mode("transcript"))
+                    right = await page.evaluate(
+                        """(() => {
+                        const range = document.createRange();
+                        range.selectNodeContents(live);
+                        const rights = [...range.getClientRects()].map((r) => r.right);
+                        return Math.max(...rights) / window.innerWidth;
+                        })()"""
+                    )
+                    assert right > 0.8, right
+                    assert "mode=transcript" in await page.evaluate("location.search")
+
+    asyncio.run(scenario())
+
+
+# Every visible text, button and select: its colour over its effective background (the
+# layers behind it, blended), with the opacity of its ancestors, as WCAG contrast ratios.
+CONTRAST_JS = """(() => {
+  const parse = (c) => {
+    const [r, g, b, a = 1] = c.match(/[\\d.]+/g).map(Number);
+    return { r, g, b, a };
+  };
+  const over = (top, under) => {
+    const mix = (k) => top[k] * top.a + under[k] * (1 - top.a);
+    return { r: mix('r'), g: mix('g'), b: mix('b'), a: 1 };
+  };
+  const behind = (el) => {
+    const layers = [];
+    for (let e = el; e; e = e.parentElement) {
+      const c = parse(getComputedStyle(e).backgroundColor);
+      if (c.a > 0) layers.push(c);
+      if (c.a === 1) break;
+    }
+    const canvas = { r: 255, g: 255, b: 255, a: 1 };
+    return layers.reverse().reduce((under, top) => over(top, under), canvas);
+  };
+  const lum = ({ r, g, b }) => {
+    const f = (v) => ((v /= 255) <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4);
+    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+  };
+  const ratio = (x, y) => {
+    const [hi, lo] = [lum(x), lum(y)].sort((p, q) => q - p);
+    return (hi + 0.05) / (lo + 0.05);
+  };
+  const found = [];
+  for (const el of document.querySelectorAll('body *')) {
+    if (el.closest('.visually-hidden, noscript, option')) continue;
+    const text = [...el.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim());
+    if (!text && !['BUTTON', 'SELECT'].includes(el.tagName)) continue;
+    const box = el.getBoundingClientRect();
+    if (!box.width || !box.height || getComputedStyle(el).visibility === 'hidden') continue;
+    let opacity = 1;
+    for (let e = el; e; e = e.parentElement) opacity *= Number(getComputedStyle(e).opacity);
+    const bg = behind(el);
+    const fg = parse(getComputedStyle(el).color);
+    const seen = over({ ...over(fg, bg), a: opacity }, bg);
+    const what = el.id || el.className || el.tagName;
+    found.push([what, el.textContent.trim().slice(0, 24), ratio(seen, bg)]);
+  }
+  return found;
+})()"""
+
+SHOW_STATE_JS = """([state, kind]) => {
+  const pill = document.getElementById('state');
+  pill.dataset.state = state;
+  pill.textContent = state;
+  notice.dataset.kind = kind;
+  notice.textContent = 'A ' + kind + ' notice';
+  notice.hidden = false;
+}"""
+
+
+def test_every_text_and_button_has_4_5_to_1_contrast_in_both_themes(browser: str) -> None:
+    stored = {
+        "version": 1,
+        "endMs": 9000,
+        "entries": [
+            {"start_ms": 1000, "end_ms": 3000, "text": "And so, my fellow Americans,"},
+            {"start_ms": 4000, "end_ms": 9000, "text": "ask not what your country can do."},
+        ],
+    }
+    pills = ["idle", "live", "reconnecting", "error", "waiting", "done"]
+    kinds = ["error", "warn", "info"]
+
+    async def scenario() -> list[tuple[str, str, str, str, float]]:
+        low: list[tuple[str, str, str, str, float]] = []
         async with running_daemon() as daemon, open_page(browser) as page:
+            await page.viewport(1280, 800)
             await page.navigate(page_url(daemon))
-            result: list[Any] = await page.evaluate(script)
-            return result
+            await page.evaluate(
+                f"localStorage.setItem('captiond.transcript', {json.dumps(json.dumps(stored))})"
+            )
+            await page.navigate(page_url(daemon))
+            # A partial with its unstable tail, in both modes' live lines.
+            await page.evaluate(
+                "for (const line of [live, document.querySelector('#caption-box .now')]) {"
+                " line.hidden = false; line.querySelector('.stable').textContent = 'Ask what';"
+                " line.querySelector('.unstable').textContent = 'you can do'; }"
+            )
+            for theme in ("dark", "light"):
+                await page.evaluate(choose_theme(theme))
+                for mode in ("transcript", "captions"):
+                    await page.evaluate(click_mode(mode))
+                    for i, pill in enumerate(pills):
+                        kind = kinds[i % len(kinds)]
+                        await page.evaluate(f"({SHOW_STATE_JS})({json.dumps([pill, kind])})")
+                        for what, text, ratio in await page.evaluate(CONTRAST_JS):
+                            if ratio < 4.5:
+                                low.append((theme, mode, what, text, round(ratio, 2)))
+            # Disabled buttons are in the sample; Stop is disabled while idle.
+            assert await page.evaluate("document.getElementById('stop').disabled")
+        return low
 
-    shown, hidden, text, vtt = asyncio.run(scenario())
-    assert shown == "a b" and hidden is True
-    assert text == "[0:01] a <b> & c\n"
-    assert vtt == "WEBVTT\n\n1\n00:00:01.230 --> 01:02:03.004\na &lt;b&gt; &amp; c\n"
+    low = asyncio.run(scenario())
+    assert not low, sorted(set(low))
+
+
+async def run_in_page(browser: str, script: str) -> Any:
+    """`script`'s value in a page of a running daemon (for the page's own modules)."""
+    async with running_daemon() as daemon, open_page(browser) as page:
+        await page.navigate(page_url(daemon))
+        return await page.evaluate(script)
+
+
+def test_transcript_exports_span_sessions(browser: str) -> None:
+    """What the .txt and .vtt downloads hold: each session after the ones before it, replays
+    and empty finals left out, cue text escaped."""
+    script = """import('/transcript.js').then(({ Transcript }) => {
+        const t = new Transcript();
+        t.startSession();
+        const first = {type: 'final', segment: 0, start_ms: 1230, end_ms: 3723004,
+                       text: ' a <b> & c'};
+        t.add(first);
+        t.add({type: 'final', segment: 1, start_ms: 3723004, end_ms: 3724000, text: ''});
+        const replayed = t.add(first);
+        const since = t.nextSegment;
+        t.startSession();  // Start again: its clock starts at 0
+        t.add({type: 'final', segment: 0, start_ms: 500, end_ms: 1500, text: 'd'});
+        // A viewer's source whose daemon restarted: the same number for other audio.
+        t.add({type: 'final', segment: 0, start_ms: 100, end_ms: 200, text: 'e'});
+        return [replayed, since, t.toText(), t.toVtt()];
+    })"""
+    replayed, since, text, vtt = asyncio.run(run_in_page(browser, script))
+    assert replayed is None and since == 2
+    assert text == "[0:01] a <b> & c\n[1:02:04] d\n[1:02:05] e\n"
+    assert vtt == (
+        "WEBVTT\n\n"
+        "1\n00:00:01.230 --> 01:02:03.004\na &lt;b&gt; &amp; c\n\n"
+        "2\n01:02:04.500 --> 01:02:05.500\nd\n\n"
+        "3\n01:02:05.600 --> 01:02:05.700\ne\n"
+    )
+
+
+def test_reconnect_policy(browser: str) -> None:
+    """Which closes the page reconnects after, and how long it waits."""
+    script = """import('/link.js').then(({ backoffMs, closeAction }) => {
+        const after = (code, error = null, extra = {}) =>
+            closeAction({ opened: true, code, error: error && { code: error }, ...extra });
+        return {
+            actions: {
+                going_away: after(1001, 'shutting_down'), dropped: after(1006),
+                internal: after(1011), restart: after(1012), overloaded: after(1013, 'overloaded'),
+                no_connect: closeAction({ opened: false, code: 1006 }),
+                refused: closeAction({ opened: false, code: 1006, refusal: 'wrong token' }),
+                resume_failed: after(4410, 'resume_failed'), bad_audio: after(1007, 'bad_audio'),
+                bad_message: after(1008), too_large: after(1009), rate_limited: after(4029),
+                idle: after(4408), done: after(1000, null, { done: {} }),
+                user_stop: after(1000, null, { stopped: true }),
+            },
+            waits: [0, 1, 2, 3, 4, 5, 10].map(
+                (n) => [backoffMs(n, () => 0), backoffMs(n, () => 1)]),
+        };
+    })"""
+    result = asyncio.run(run_in_page(browser, script))
+    retry = {"going_away", "dropped", "internal", "restart", "overloaded", "no_connect"}
+    assert {k for k, v in result["actions"].items() if v == "retry"} == retry
+    assert result["actions"]["resume_failed"] == "fresh"
+    assert result["actions"]["done"] == "done" and result["actions"]["user_stop"] == "stopped"
+    failed = {"refused", "bad_audio", "bad_message", "too_large", "rate_limited", "idle"}
+    assert {k for k, v in result["actions"].items() if v == "failed"} == failed
+    # 0.5 s doubling to 10 s, each within ±25 % jitter.
+    low, high = zip(*result["waits"], strict=True)
+    assert low == (375, 750, 1500, 3000, 6000, 7500, 7500)
+    assert high == (625, 1250, 2500, 5000, 10000, 12500, 12500)
+
+
+def test_audio_buffer_keeps_the_newest_and_resends_from_a_byte(browser: str) -> None:
+    script = """import('/capture.js').then(({ PcmBuffer }) => {
+        const buffer = new PcmBuffer(8);  // 8 bytes kept
+        for (let i = 0; i < 16; i += 4) {
+            buffer.push(new Uint8Array([i, i + 1, i + 2, i + 3]).buffer);
+        }
+        const bytes = (pcm) => [...new Uint8Array(pcm)];
+        const from = (offset) => [...buffer.from(offset)].flatMap(bytes);
+        return [buffer.start, buffer.end, from(10), from(0)];
+    })"""
+    start, end, from_10, from_0 = asyncio.run(run_in_page(browser, script))
+    assert (start, end) == (8, 16)
+    assert from_10 == [10, 11, 12, 13, 14, 15]
+    assert from_0 == list(range(8, 16))

@@ -49,6 +49,7 @@ def get(
         ("/app.js", "text/javascript; charset=utf-8", b"/v1/stream"),
         ("/caption-view.js", "text/javascript; charset=utf-8", b"export class CaptionView"),
         ("/worklet.js", "text/javascript; charset=utf-8", b"registerProcessor"),
+        ("/favicon.svg", "image/svg+xml", b"<svg"),
         ("/style.css", "text/css; charset=utf-8", b".captions"),
     ],
 )

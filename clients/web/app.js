@@ -1,15 +1,27 @@
 // The captions page: microphone → /v1/stream, or /?watch=NAME → /v1/captions?source=NAME.
 //
-// Main thread. The AudioWorklet (worklet.js) does capture and 16 kHz conversion; this file
-// owns the websocket, the page state and the messages a user sees when something fails.
+// Main thread. This file owns what a user sees of a session and wires the parts together: the
+// microphone (capture.js) keeps recording through a dropped connection or a daemon restart,
+// the Link (link.js) connects again and resumes the daemon's session, and the audio the daemon
+// did not get is sent again from the byte it names, so no speech is lost. The transcript
+// (caption-view.js, transcript.js) outlives sessions; settings.js owns the display controls.
 
 import { CaptionView } from "./caption-view.js";
+import { PcmBuffer, bytesToMs, msToBytes, openMicrophone, prepareAudio, startCapture } from "./capture.js";
+import { Link } from "./link.js";
+import { initSettings } from "./settings.js";
 
 const $ = (id) => document.getElementById(id);
 const query = new URLSearchParams(location.search);
 const watchName = query.get("watch");
 // A daemon with [auth] token: open the page as /?token=… and the sockets carry it along.
 const token = query.get("token");
+// Audio captured while no session could take it, sent to a new session: at most this much,
+// below the daemon's default `audio_burst_s` (60 s) so the burst is not refused.
+const FRESH_RESEND_MS = 50_000;
+const INFO_NOTICE_MS = 15_000;
+// States in which no session runs: Start is offered.
+const IDLE_STATES = ["idle", "done", "stopped", "error"];
 
 const ui = {
   state: $("state"),
@@ -20,12 +32,24 @@ const ui = {
   stop: $("stop"),
   txt: $("download-txt"),
   vtt: $("download-vtt"),
+  clear: $("clear"),
   title: $("title"),
 };
-const view = new CaptionView({ scroller: $("captions"), transcript: $("transcript"), live: $("live") });
+// A viewer's transcript comes back from the daemon's backlog on a reload; the microphone's
+// exists only in this browser, so it is kept in localStorage.
+const view = new CaptionView({
+  scroller: $("captions"),
+  list: $("transcript"),
+  live: $("live"),
+  captionBox: $("caption-box"),
+  announcer: $("announcer"),
+  storageKey: watchName ? null : "captiond.transcript",
+});
 
-// The one running session: its socket, audio graph and counters; null when idle.
-let session = null;
+// The running microphone session or viewer; null when idle.
+let current = null;
+// The pending hide of an "info" notice.
+let noticeTimer = null;
 
 // A websocket URL on the page's own host, relative to the page so a reverse proxy may mount
 // the daemon under a prefix; wss: when the page came over https:.
@@ -38,22 +62,35 @@ function endpoint(path, params) {
   return url.href;
 }
 
+const plural = (n, noun) => `${n} ${noun}${n === 1 ? "" : "s"}`;
+const seconds = (ms) => `${(ms / 1000).toFixed(1)} s`;
+
 function setState(state, label) {
   ui.state.dataset.state = state;
   ui.state.textContent = label;
-  const busy = !["idle", "done", "error"].includes(state);
-  ui.start.disabled = busy;
-  ui.stop.disabled = !["live", "watching"].includes(state);
+  const idle = IDLE_STATES.includes(state);
+  ui.start.disabled = !idle;
+  ui.stop.disabled = idle || state === "mic" || state === "stopping";
 }
 
-function showNotice(text) {
+// kind: "error" (the session ended), "warn" (it goes on, impaired) or "info" (all is well
+// again: it goes away by itself, not to sit on a room screen for the rest of the meeting).
+function showNotice(text, kind = "error") {
   ui.notice.textContent = text;
+  ui.notice.dataset.kind = kind;
+  ui.notice.setAttribute("role", kind === "error" ? "alert" : "status");
   ui.notice.hidden = false;
+  clearTimeout(noticeTimer);
+  if (kind === "info") noticeTimer = setTimeout(hideNotice, INFO_NOTICE_MS);
+}
+
+function hideNotice() {
+  ui.notice.hidden = true;
 }
 
 function setClock(ms) {
   ui.clock.dataset.ms = String(ms);
-  ui.clock.textContent = `${(ms / 1000).toFixed(1)} s`;
+  ui.clock.textContent = seconds(ms);
 }
 
 function setLevel(dbfs) {
@@ -62,148 +99,47 @@ function setLevel(dbfs) {
   ui.level.style.width = `${(fraction * 100).toFixed(1)}%`;
 }
 
-function micMessage(err) {
-  switch (err.name) {
-    case "NotAllowedError":
-    case "SecurityError":
-      return "Microphone access was denied. Allow the microphone for this site (the icon in the address bar) and press Start again.";
-    case "NotFoundError":
-    case "OverconstrainedError":
-      return "No microphone was found. Connect one and press Start again.";
-    case "NotReadableError":
-      return "The microphone could not be opened: another application may be using it.";
-    default:
-      return `The microphone could not be opened: ${err.name}: ${err.message}`;
-  }
+function transcriptChanged() {
+  ui.txt.disabled = ui.vtt.disabled = ui.clear.disabled = view.transcript.entries.length === 0;
 }
 
-// What the user reads when a socket closes other than after `done`.
-function closeMessage(s, event) {
-  if (s.failure) return s.failure;
-  if (s.refusal) return `The daemon refused the session: ${s.refusal}`;
-  const err = s.error;
-  if (err && err.code === "no_such_source") {
+// Why the daemon is out of reach for now, for a notice that says the page is on it.
+function retryMessage(info, restarting) {
+  const when = `reconnecting in ${seconds(info.delayMs)}…`;
+  if (restarting) return `Daemon restarting — ${when}`;
+  if (info.error) return `${info.error.message} (${info.error.code}, close ${info.code}) — ${when}`;
+  if (!info.opened) {
+    const where = `Cannot reach the captiond daemon at ${info.url}.`;
+    return `${where} Is "captiond serve" running and reachable? Retrying in ${seconds(info.delayMs)}…`;
+  }
+  return `The connection to the daemon was lost (close ${info.code}) — ${when}`;
+}
+
+// What the user reads when the daemon ended or refused the session for good.
+function failMessage(info) {
+  if (info.refusal) return `The daemon refused the session: ${info.refusal}`;
+  const err = info.error;
+  if (err?.code === "no_such_source") {
     return `There is no caption source named "${watchName}" on this daemon. (${err.code}: ${err.message})`;
   }
   if (err) {
-    const what = s.ready ? "The daemon ended the session" : "The daemon refused the session";
-    return `${what}: ${err.message} (${err.code}, close ${event.code})`;
+    const what = info.greeted ? "The daemon ended the session" : "The daemon refused the session";
+    return `${what}: ${err.message} (${err.code}, close ${info.code})`;
   }
-  if (!s.opened) {
-    return `Cannot reach the captiond daemon at ${s.url}. Is "captiond serve" running and reachable?`;
-  }
-  if (event.code === 1001) return "The daemon is shutting down (close 1001).";
-  return `The connection to the daemon was lost (close ${event.code}).`;
+  return `The connection to the daemon was lost (close ${info.code}).`;
 }
 
-// A handshake the daemon refuses (token, origin) reaches a page only as close 1006; the same
-// request over plain HTTP gets the daemon's answer.
-async function refusalOf(url) {
-  try {
-    const resp = await fetch(url.replace(/^ws/, "http"), { cache: "no-store" });
-    if (resp.status === 401 || resp.status === 403) {
-      return `${(await resp.text()).trim()} (HTTP ${resp.status})`;
-    }
-  } catch (err) {
-    // Unreachable: closeMessage says so.
-  }
-  return null;
-}
+// A daemon that is stopping says so, then closes with 1001: it will be back.
+const isRestart = (info) => info.error?.code === "shutting_down" || info.code === 1001;
 
-function openSocket(url, onReady) {
-  const s = { url, ws: new WebSocket(url), opened: false, ready: false, done: null, error: null };
-  s.ws.binaryType = "arraybuffer";
-  s.ws.onopen = () => {
-    s.opened = true;
-  };
-  s.ws.onmessage = (event) => {
-    const msg = JSON.parse(event.data);
-    if (msg.type === "ready") {
-      s.ready = true;
-      onReady(s);
-    } else if (msg.type === "error") {
-      s.error = msg;
-    } else if (msg.type === "done") {
-      s.done = msg;
-    } else if (view.handle(msg)) {
-      ui.txt.disabled = ui.vtt.disabled = view.finals.length === 0;
-      if (watchName && "end_ms" in msg) setClock(msg.end_ms);
-    }
-  };
-  s.ws.onclose = async (event) => {
-    if (!s.opened) s.refusal = await refusalOf(url);
-    if (session === s) finish(s, event);
-  };
-  return s;
-}
-
-function finish(s, event) {
-  session = null;
-  releaseAudio(s);
-  setLevel(-Infinity);
-  if (s.done) {
-    setState("done", `done · ${s.done.segments} segments`);
-  } else if (s.stopping && watchName) {
-    setState("idle", "stopped");
-  } else {
-    setState("error", s.error ? s.error.code : "disconnected");
-    showNotice(closeMessage(s, event));
-  }
-}
-
-async function openMicrophone() {
-  if (!window.isSecureContext || !navigator.mediaDevices?.getUserMedia) {
-    throw new Error(
-      "Browsers allow the microphone only on https:// pages or on http://localhost. " +
-        "Serve this page over HTTPS (captiond serve --tls-cert … --tls-key …) or open it on the daemon's machine.",
-    );
-  }
-  try {
-    // Raw audio: the browser's voice processing is tuned for calls, not recognition.
-    return await navigator.mediaDevices.getUserMedia({
-      audio: { echoCancellation: false, noiseSuppression: false, autoGainControl: false, channelCount: 1 },
-    });
-  } catch (err) {
-    throw new Error(micMessage(err));
-  }
-}
-
-async function startAudio(s, stream) {
-  const context = new AudioContext({ latencyHint: "interactive" });
-  await context.audioWorklet.addModule(new URL("worklet.js", import.meta.url));
-  const source = context.createMediaStreamSource(stream);
-  const node = new AudioWorkletNode(context, "captiond-capture", { numberOfOutputs: 1, outputChannelCount: [1] });
-  s.sentMs = 0;
-  node.port.onmessage = (event) => {
-    const msg = event.data;
-    if (msg.type === "audio" && s.ws.readyState === WebSocket.OPEN) {
-      s.ws.send(msg.pcm);
-      s.sentMs += (msg.pcm.byteLength / 2 / 16000) * 1000;
-      setClock(Math.round(s.sentMs));
-      setLevel(msg.dbfs);
-    } else if (msg.type === "flushed") {
-      s.flushed?.();
-    }
-  };
-  source.connect(node);
-  // The node outputs silence; connected so the graph is pulled and process() runs.
-  node.connect(context.destination);
-  await context.resume();
-  s.audio = { context, stream, node };
-}
-
-function releaseAudio(s) {
-  s.stream?.getTracks().forEach((track) => track.stop());
-  if (s.audio) {
-    s.audio.node.port.onmessage = null;
-    s.audio.context.close();
-    s.audio = null;
-  }
-}
+// -- microphone --------------------------------------------------------------------------------
+//
+// Byte offsets count the audio captured since Start (`pcm`): `base` is where the daemon's
+// session began, `sent` how far this connection sent, `freshFrom` where a new session would
+// begin (after the audio a dropped one took).
 
 async function startMicrophone() {
-  view.clear();
-  ui.notice.hidden = true;
+  hideNotice();
   setClock(0);
   setState("mic", "asking for the microphone");
   let stream;
@@ -214,49 +150,241 @@ async function startMicrophone() {
     showNotice(err.message);
     return;
   }
+  const m = { pcm: new PcmBuffer(), base: 0, sent: 0, freshFrom: 0, sessions: 0, token: null, resumeS: 0 };
+  m.link = new Link(() => streamUrl(m), {
+    hello: (msg) => micHello(m, msg),
+    message: (msg) => micMessage(m, msg),
+    down: (info) => micDown(m, info),
+  });
+  current = m;
   setState("connecting", "connecting");
-  session = openSocket(endpoint("v1/stream", { sample_rate: "16000", encoding: "pcm_s16le" }), (s) =>
-    startAudio(s, stream).then(
-      () => setState("live", "live"),
-      (err) => {
-        s.failure = `Audio capture failed: ${err.message}`;
-        s.ws.close(1000);
-      },
-    ),
-  );
-  session.stream = stream;
+  try {
+    m.capture = await startCapture(stream, (pcm, dbfs) => micAudio(m, pcm, dbfs));
+  } catch (err) {
+    stream.getTracks().forEach((track) => track.stop());
+    current = null;
+    setState("error", "no audio");
+    showNotice(`Audio capture failed: ${err.message}`);
+    return;
+  }
+  m.link.connect();
 }
 
+function streamUrl(m) {
+  const params = { sample_rate: "16000", encoding: "pcm_s16le" };
+  // /?language=auto (or de, …) and /?task=translate reach the daemon as they are.
+  for (const key of ["language", "task"]) if (query.get(key)) params[key] = query.get(key);
+  if (m.token && Date.now() - m.downAt > m.resumeS * 1000) {
+    m.lost = `The connection was away longer than the daemon keeps a session (${m.resumeS} s).`;
+    m.token = null;
+  }
+  if (m.token) {
+    params.resume = m.token;
+    params.since = String(view.transcript.nextSegment);
+  }
+  return endpoint("v1/stream", params);
+}
+
+function micAudio(m, pcm, dbfs) {
+  const at = m.pcm.end;
+  m.pcm.push(pcm);
+  if (m.sent === at && m.link.send(pcm)) m.sent = m.pcm.end;
+  setClock(Math.round(bytesToMs(m.pcm.end - m.base)));
+  setLevel(dbfs);
+}
+
+function micHello(m, msg) {
+  let from;
+  if (msg.type === "resumed") {
+    m.ended = msg.ended;
+    const wanted = m.base + msg.received_bytes;
+    from = Math.max(wanted, m.pcm.start);
+    // Audio no longer held is skipped: the daemon's stream goes on without it.
+    m.base += from - wanted;
+    const lostMs = bytesToMs(from - wanted);
+    const after = `Reconnected after ${seconds(msg.gap_ms)}`;
+    if (lostMs > 0) showNotice(`${after}; ${seconds(lostMs)} of audio could not be sent again.`, "warn");
+    else showNotice(`${after}; nothing was lost.`, "info");
+  } else {
+    if (m.sessions > 0) {
+      // The session before this one ended where its audio did; this one is placed after it.
+      view.transcript.noteAudio(bytesToMs(m.freshFrom - m.base));
+      const why = m.lost ?? "The daemon does not resume sessions ([server] resume_s = 0).";
+      showNotice(`${why} A new session started; the transcript so far is kept.`, "warn");
+    }
+    from = Math.max(m.freshFrom, m.pcm.end - msToBytes(FRESH_RESEND_MS), m.pcm.start);
+    m.base = from;
+    m.sessions += 1;
+    view.transcript.startSession();
+  }
+  m.token = msg.resume_token ?? null;
+  m.resumeS = msg.resume_s ?? 0;
+  m.lost = null;
+  m.restarting = false;
+  if (m.ended) return setState("stopping", "finishing"); // the last finals and `done` follow
+  for (const pcm of m.pcm.from(from)) m.link.send(pcm);
+  m.sent = m.pcm.end;
+  if (m.stopping) {
+    // Stopped during the drop and the daemon never got the `end`: the rest of the audio, then it.
+    sendEnd(m);
+    setState("stopping", "finishing");
+  } else {
+    setState("live", "live");
+  }
+}
+
+function micMessage(m, msg) {
+  if (view.handle(msg) && msg.type === "final") {
+    // Stored (localStorage): the daemon need not hold it for a replay any more.
+    m.link.send(JSON.stringify({ type: "ack", segment: msg.segment }));
+    transcriptChanged();
+  } else if (msg.type === "done") {
+    view.transcript.noteAudio(msg.audio_ms);
+  }
+}
+
+function micDown(m, info) {
+  view.clearLive();
+  if (info.greeted) {
+    m.downAt = Date.now();
+    m.freshFrom = m.sent;
+  }
+  if (info.action === "retry") {
+    m.restarting ||= isRestart(info);
+    setState("reconnecting", "reconnecting");
+    showNotice(retryMessage(info, m.restarting), "warn");
+    return;
+  }
+  const why = `The daemon could not resume the session (${info.error?.message ?? `close ${info.code}`}).`;
+  if (info.action === "fresh" && !m.stopping) {
+    m.lost = why;
+    m.token = null;
+    setState("reconnecting", "reconnecting");
+    return;
+  }
+  m.link.stopRetrying(); // a stopped microphone has nothing for a new session
+  releaseMicrophone(m);
+  current = null;
+  if (info.action === "done") {
+    setState("done", `done · ${plural(info.done.segments, "segment")}`);
+  } else if (info.action === "fresh") {
+    setState("stopped", "stopped");
+    showNotice(`${why} The captions of the last moments before Stop are missing.`, "warn");
+  } else if (info.action === "stopped") {
+    setState("stopped", "stopped");
+    const unsentMs = bytesToMs(m.pcm.end - m.sent);
+    if (unsentMs > 0) {
+      const lost = `the last ${seconds(unsentMs)} of audio were not transcribed`;
+      showNotice(`Stopped while disconnected: ${lost}.`, "warn");
+    }
+  } else {
+    setState("error", info.error ? info.error.code : "disconnected");
+    showNotice(failMessage(info));
+  }
+}
+
+// Stop: {"type":"end"}, and the daemon's last finals and `done`, reconnecting for them if
+// the connection drops meanwhile. Stop while disconnected (or a second time) gives up.
 async function stopMicrophone() {
-  const s = session;
-  s.stopping = true;
+  const m = current;
+  if (m.stopping || !m.link.live) {
+    m.link.close();
+    return;
+  }
+  m.stopping = true;
   setState("stopping", "finishing");
   // The worklet's partial last chunk goes out before {"type":"end"}, then the microphone is
-  // released at once; the daemon's last finals and `done` arrive on the socket afterwards.
-  if (s.audio) {
-    await new Promise((resolve) => {
-      s.flushed = resolve;
-      s.audio.node.port.postMessage("flush");
-    });
-  }
-  releaseAudio(s);
+  // released at once.
+  await m.capture.flush();
+  releaseMicrophone(m);
+  sendEnd(m);
+}
+
+function sendEnd(m) {
+  m.ended = m.sent === m.pcm.end && m.link.send(JSON.stringify({ type: "end" }));
+}
+
+function releaseMicrophone(m) {
+  m.capture?.stop();
+  m.capture = null;
   setLevel(-Infinity);
-  if (s.ws.readyState === WebSocket.OPEN) s.ws.send(JSON.stringify({ type: "end" }));
+}
+
+// -- viewer ------------------------------------------------------------------------------------
+
+// What a `source` state looks like: the pill's state and label, and a notice (null: none).
+function sourceView(msg) {
+  switch (msg.state) {
+    case "capturing":
+      return ["watching", "watching", null];
+    case "waiting_for_device":
+      return [
+        "waiting",
+        "no microphone",
+        `The microphone of "${msg.name}" is not available: ${msg.message}. Captions continue when it is back.`,
+      ];
+    default:
+      return ["paused", `source ${msg.state}`, `The source "${msg.name}" is ${msg.state}: ${msg.message}.`];
+  }
 }
 
 function startWatching() {
-  view.clear();
-  ui.notice.hidden = true;
+  hideNotice();
   setState("connecting", "connecting");
-  session = openSocket(endpoint("v1/captions", { source: watchName }), () => {});
-  // Viewers send nothing; the socket being open is all "watching" means.
-  session.ws.addEventListener("open", () => setState("watching", "watching"));
+  // `fresh`: the next connection starts the source's stream anew (first, or a new daemon).
+  const w = { fresh: true };
+  w.link = new Link(
+    () => {
+      const params = { source: watchName };
+      if (!w.fresh) params.since = String(view.transcript.nextSegment);
+      return endpoint("v1/captions", params);
+    },
+    { hello: () => watchOpen(w), message: watchMessage, down: (info) => watchDown(w, info) },
+    { greetedOnOpen: true },
+  );
+  current = w;
+  w.link.connect();
 }
 
-function stopWatching() {
-  session.stopping = true;
-  session.ws.close(1000);
+function watchOpen(w) {
+  if (w.fresh) view.transcript.startSession();
+  w.fresh = false;
+  hideNotice();
+  // Neutral until the source says how it is: never "watching" over a missing microphone.
+  setState("connected", "connected");
 }
+
+function watchMessage(msg) {
+  if (msg.type === "source") {
+    const [state, label, notice] = sourceView(msg);
+    setState(state, label);
+    if (notice) showNotice(notice, "warn");
+    else hideNotice();
+  } else if (view.handle(msg)) {
+    transcriptChanged();
+    if ("end_ms" in msg) setClock(msg.end_ms);
+  }
+}
+
+function watchDown(w, info) {
+  view.clearLive();
+  if (info.action === "retry") {
+    // A daemon that stopped comes back with a new stream for the source: no `since`.
+    if (isRestart(info)) w.fresh = true;
+    setState("reconnecting", "reconnecting");
+    showNotice(retryMessage(info, isRestart(info)), "warn");
+    return;
+  }
+  current = null;
+  if (info.action === "stopped") {
+    setState("stopped", "stopped");
+  } else {
+    setState("error", info.error ? info.error.code : "disconnected");
+    showNotice(failMessage(info));
+  }
+}
+
+// -- transcript actions ------------------------------------------------------------------------
 
 function download(text, extension, type) {
   const link = document.createElement("a");
@@ -267,8 +395,26 @@ function download(text, extension, type) {
   setTimeout(() => URL.revokeObjectURL(link.href), 10_000);
 }
 
-ui.txt.addEventListener("click", () => download(view.toText(), "txt", "text/plain;charset=utf-8"));
-ui.vtt.addEventListener("click", () => download(view.toVtt(), "vtt", "text/vtt;charset=utf-8"));
+ui.txt.addEventListener("click", () => download(view.transcript.toText(), "txt", "text/plain;charset=utf-8"));
+ui.vtt.addEventListener("click", () => download(view.transcript.toVtt(), "vtt", "text/vtt;charset=utf-8"));
+ui.clear.addEventListener("click", () => {
+  const count = plural(view.transcript.entries.length, "caption");
+  if (!confirm(`Erase the transcript (${count})? Download it first to keep a copy.`)) return;
+  // A running session keeps its place on the timeline (its replays are still recognised).
+  view.clear({ keepSession: current !== null });
+  transcriptChanged();
+});
+
+// Back online after a drop: connect now rather than at the end of the backoff.
+window.addEventListener("online", () => current?.link.retryNow());
+
+initSettings({
+  modeButtons: document.querySelectorAll("[data-mode]"),
+  size: $("size"),
+  theme: $("theme"),
+  onMode: () => view.followEnd(),
+});
+transcriptChanged();
 
 if (watchName) {
   document.body.classList.add("watching");
@@ -276,9 +422,10 @@ if (watchName) {
   document.title = `${watchName} · captiond`;
   ui.start.textContent = "Watch";
   ui.start.addEventListener("click", startWatching);
-  ui.stop.addEventListener("click", stopWatching);
+  ui.stop.addEventListener("click", () => current.link.close());
   startWatching();
 } else {
+  prepareAudio();
   ui.start.addEventListener("click", startMicrophone);
   ui.stop.addEventListener("click", stopMicrophone);
   setState("idle", "ready to start");

@@ -1,74 +1,99 @@
-// Caption rendering and the transcript, for protocol v1 `partial` and `final` messages.
+// Caption rendering for protocol v1 `partial` and `final` messages, in two modes.
 //
 // Shared by the microphone mode and the viewer mode (/?watch=NAME): both receive the same
-// messages. Finals are appended once and never revised; the one live line shows the newest
-// partial, its stable words apart from the unstable tail that may still change.
+// messages. Transcript mode lists every final with its time and shows the newest partial
+// below, its stable words apart from the unstable tail that may still change. Caption mode
+// (for a room screen) rolls the newest few lines in a box of fixed height: CSS keeps only
+// its bottom lines, so this file only has to keep enough recent text in it.
 
-// Stream time (integer ms) as m:ss, or h:mm:ss past the hour.
-export function formatClock(ms) {
-  const s = Math.floor(ms / 1000);
-  const mmss = `${String(Math.floor(s / 60) % 60).padStart(2, "0")}:${String(s % 60).padStart(2, "0")}`;
-  return s >= 3600 ? `${Math.floor(s / 3600)}:${mmss}` : mmss.replace(/^0/, "");
-}
+import { Transcript, formatClock } from "./transcript.js";
 
-// Stream time as a WebVTT timestamp, hh:mm:ss.ttt.
-export function formatVttTime(ms) {
-  const pad = (n, width) => String(n).padStart(width, "0");
-  const h = Math.floor(ms / 3_600_000);
-  const m = Math.floor(ms / 60_000) % 60;
-  const s = Math.floor(ms / 1000) % 60;
-  return `${pad(h, 2)}:${pad(m, 2)}:${pad(s, 2)}.${pad(ms % 1000, 3)}`;
-}
+// Recent finals kept in the caption box: more than its largest lines-worth of text.
+const CAPTION_FINALS = 6;
+// Finals kept in the screen-reader region: it only needs to hold the ones being announced.
+const ANNOUNCED_FINALS = 3;
 
 export class CaptionView {
-  constructor({ scroller, transcript, live }) {
+  constructor({ scroller, list, live, captionBox, announcer, storageKey = null }) {
     this.scroller = scroller;
-    this.transcript = transcript;
+    this.list = list;
     this.live = live;
-    this.stable = live.querySelector(".stable");
-    this.unstable = live.querySelector(".unstable");
-    this.clear();
-  }
-
-  clear() {
-    this.finals = [];
-    this.finalSegments = new Set();
-    this.liveSegment = null;
-    this.transcript.replaceChildren();
-    this.setLive("", "");
+    this.captionBox = captionBox;
+    this.announcer = announcer;
+    this.transcript = new Transcript(storageKey);
+    this.render();
   }
 
   // Returns true when the message was a caption message this view shows.
   handle(msg) {
     if (msg.type === "partial") {
-      // A partial can arrive after its segment's final only from a misbehaving peer.
-      if (this.finalSegments.has(msg.segment)) return true;
+      // After its segment's final (a misbehaving peer, or a late replay) a partial is stale.
+      if (msg.segment < this.transcript.nextSegment) return true;
       this.liveSegment = msg.segment;
-      this.keepScrolled(() => this.setLive(msg.stable, msg.unstable));
+      this.setLive(msg.stable, msg.unstable);
       return true;
     }
     if (msg.type === "final") {
-      this.finalSegments.add(msg.segment);
-      this.keepScrolled(() => {
-        if (msg.segment === this.liveSegment) this.setLive("", "");
-        // An empty final closes a segment Whisper judged to be non-speech: nothing to show.
-        if (msg.text.trim()) this.appendFinal(msg);
-      });
+      if (msg.segment === this.liveSegment) this.clearLive();
+      const entry = this.transcript.add(msg);
+      if (entry) this.showFinal(entry);
       return true;
     }
     return false;
   }
 
-  setLive(stable, unstable) {
-    this.stable.textContent = stable;
-    // A space between the parts unless the stable text already ends with one.
-    this.unstable.textContent = stable && unstable && !/\s$/.test(stable) ? ` ${unstable}` : unstable;
-    this.live.hidden = !(stable || unstable);
+  // The unfinished words may never get their final (the daemon finalises them on a drop):
+  // they are not left on screen as if they were current.
+  clearLive() {
+    this.liveSegment = null;
+    this.setLive("", "");
   }
 
-  appendFinal(msg) {
-    const entry = { start_ms: msg.start_ms, end_ms: msg.end_ms, text: msg.text.trim() };
-    this.finals.push(entry);
+  clear({ keepSession }) {
+    this.transcript.clear({ keepSession });
+    this.render();
+  }
+
+  render() {
+    this.list.replaceChildren(...this.transcript.entries.map((entry) => this.item(entry)));
+    this.renderCaptions();
+    this.clearLive();
+    this.followEnd();
+  }
+
+  followEnd() {
+    this.scroller.scrollTop = this.scroller.scrollHeight;
+  }
+
+  showFinal(entry) {
+    this.keepScrolled(() => this.list.append(this.item(entry)));
+    this.renderCaptions();
+    const line = document.createElement("p");
+    line.textContent = entry.text;
+    line.dir = "auto";
+    if (entry.language) line.lang = entry.language;
+    this.announcer.append(line);
+    while (this.announcer.childElementCount > ANNOUNCED_FINALS) this.announcer.firstElementChild.remove();
+  }
+
+  setLive(stable, unstable) {
+    // A space between the parts unless the stable text already ends with one.
+    const tail = stable && unstable && !/\s$/.test(stable) ? ` ${unstable}` : unstable;
+    this.keepScrolled(() => {
+      for (const line of [this.live, this.captionBox.querySelector(".now")]) {
+        line.querySelector(".stable").textContent = stable;
+        line.querySelector(".unstable").textContent = tail;
+        line.hidden = !(stable || unstable);
+      }
+    });
+  }
+
+  renderCaptions() {
+    const recent = this.transcript.entries.slice(-CAPTION_FINALS);
+    this.captionBox.querySelector(".said").textContent = recent.map((entry) => entry.text).join(" ");
+  }
+
+  item(entry) {
     const item = document.createElement("li");
     item.className = "final";
     const time = document.createElement("time");
@@ -76,8 +101,15 @@ export class CaptionView {
     const text = document.createElement("span");
     text.className = "text";
     text.textContent = entry.text;
+    // Each caption reads in its own direction (Arabic, Hebrew) and is announced and rendered
+    // in its own language; the language shows under the time (with ?language=auto it varies).
+    text.dir = "auto";
+    if (entry.language) {
+      text.lang = entry.language;
+      time.dataset.lang = entry.language;
+    }
     item.append(time, text);
-    this.transcript.append(item);
+    return item;
   }
 
   // Follows new text only when the reader is at the bottom: scrolling up to reread stays put.
@@ -86,19 +118,5 @@ export class CaptionView {
     const atBottom = el.scrollHeight - el.scrollTop - el.clientHeight < 48;
     update();
     if (atBottom) el.scrollTop = el.scrollHeight;
-  }
-
-  toText() {
-    return this.finals.map((f) => `[${formatClock(f.start_ms)}] ${f.text}\n`).join("");
-  }
-
-  toVtt() {
-    // Cue text is markup in WebVTT: "&", "<" and ">" must be escaped.
-    const escape = (text) => text.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
-    const cues = this.finals.map(
-      (f, i) =>
-        `${i + 1}\n${formatVttTime(f.start_ms)} --> ${formatVttTime(f.end_ms)}\n${escape(f.text)}\n`,
-    );
-    return ["WEBVTT\n", ...cues].join("\n");
   }
 }

@@ -30,9 +30,14 @@ ROUTES: dict[str, tuple[str, str]] = {
     "/": ("index.html", _HTML),
     "/index.html": ("index.html", _HTML),
     "/app.js": ("app.js", _JS),
+    "/capture.js": ("capture.js", _JS),
     "/caption-view.js": ("caption-view.js", _JS),
+    "/link.js": ("link.js", _JS),
+    "/settings.js": ("settings.js", _JS),
+    "/transcript.js": ("transcript.js", _JS),
     "/worklet.js": ("worklet.js", _JS),
     "/style.css": ("style.css", _CSS),
+    "/favicon.svg": ("favicon.svg", "image/svg+xml"),
 }
 
 # The page talks only to its own origin (ws:/wss: included under 'self' in CSP 3) and loads

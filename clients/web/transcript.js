@@ -1,0 +1,125 @@
+// The transcript: every final of every session the page has shown, and its .txt/.vtt exports.
+//
+// A meeting outlives its sessions (Stop and Start, a daemon restart without a journal): each
+// session's stream clock starts again at 0, so each is placed on one page timeline after the
+// ones before it, which keeps the VTT cue times increasing. Finals are kept by (session,
+// segment): a resumed session's replay repeats finals the page may already hold.
+
+const STORE_VERSION = 1;
+
+// Stream time (integer ms) as m:ss, or h:mm:ss past the hour.
+export function formatClock(ms) {
+  const s = Math.floor(ms / 1000);
+  const mmss = `${String(Math.floor(s / 60) % 60).padStart(2, "0")}:${String(s % 60).padStart(2, "0")}`;
+  return s >= 3600 ? `${Math.floor(s / 3600)}:${mmss}` : mmss.replace(/^0/, "");
+}
+
+// Stream time as a WebVTT timestamp, hh:mm:ss.ttt.
+export function formatVttTime(ms) {
+  const pad = (n, width) => String(n).padStart(width, "0");
+  const h = Math.floor(ms / 3_600_000);
+  const m = Math.floor(ms / 60_000) % 60;
+  const s = Math.floor(ms / 1000) % 60;
+  return `${pad(h, 2)}:${pad(m, 2)}:${pad(s, 2)}.${pad(ms % 1000, 3)}`;
+}
+
+export class Transcript {
+  // `storageKey`: where the transcript survives a reload (null: kept in memory only).
+  constructor(storageKey = null) {
+    this.storageKey = storageKey;
+    this.entries = []; // {start_ms, end_ms, text, language?} on the page timeline, non-empty only
+    this.endMs = 0; // where the timeline's last session ended
+    this.session = null;
+    this.load();
+  }
+
+  // A new daemon session: its stream time 0 lies at the end of everything before it.
+  startSession() {
+    this.session = { offsetMs: this.endMs, starts: new Map(), lastSegment: -1, lastStartMs: -1 };
+  }
+
+  // The segment a resuming client asks the replay to start from.
+  get nextSegment() {
+    return this.session ? this.session.lastSegment + 1 : 0;
+  }
+
+  // Stores a `final` message; returns its entry, or null for a repeat or an empty final.
+  add(msg) {
+    const known = this.session?.starts.get(msg.segment);
+    if (known === msg.start_ms) return null; // replayed
+    // Finals of one stream come in time order, one per segment number: anything else is a
+    // stream that started again (a viewer's source after a daemon restart).
+    if (!this.session || known !== undefined || msg.start_ms < this.session.lastStartMs) {
+      this.startSession();
+    }
+    const { offsetMs, starts } = this.session;
+    starts.set(msg.segment, msg.start_ms);
+    this.session.lastSegment = Math.max(this.session.lastSegment, msg.segment);
+    this.session.lastStartMs = msg.start_ms;
+    this.noteAudio(msg.end_ms);
+    // An empty final closes a segment Whisper judged to be non-speech: nothing to keep.
+    const text = msg.text.trim();
+    if (!text) {
+      this.save();
+      return null;
+    }
+    const entry = { start_ms: offsetMs + msg.start_ms, end_ms: offsetMs + msg.end_ms, text };
+    if (msg.language) entry.language = msg.language;
+    this.entries.push(entry);
+    this.save();
+    return entry;
+  }
+
+  // The session's stream reached `ms` (a final's end, or `done`): a later session starts here.
+  noteAudio(ms) {
+    if (!this.session) return;
+    this.endMs = Math.max(this.endMs, this.session.offsetMs + ms);
+  }
+
+  // Erases every final. `keepSession`: a session is still running, and its later finals and
+  // replays keep their place after the ones erased.
+  clear({ keepSession = false } = {}) {
+    this.entries = [];
+    if (!keepSession) {
+      this.endMs = 0;
+      this.session = null;
+    }
+    this.save();
+  }
+
+  toText() {
+    return this.entries.map((f) => `[${formatClock(f.start_ms)}] ${f.text}\n`).join("");
+  }
+
+  toVtt() {
+    // Cue text is markup in WebVTT: "&", "<" and ">" must be escaped.
+    const escape = (text) => text.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+    const cues = this.entries.map(
+      (f, i) => `${i + 1}\n${formatVttTime(f.start_ms)} --> ${formatVttTime(f.end_ms)}\n${escape(f.text)}\n`,
+    );
+    return ["WEBVTT\n", ...cues].join("\n");
+  }
+
+  load() {
+    if (!this.storageKey) return;
+    try {
+      const stored = JSON.parse(localStorage.getItem(this.storageKey));
+      if (stored?.version === STORE_VERSION) {
+        this.entries = stored.entries;
+        this.endMs = stored.endMs;
+      }
+    } catch {
+      // Unreadable or blocked storage: start empty rather than not at all.
+    }
+  }
+
+  save() {
+    if (!this.storageKey) return;
+    try {
+      const { entries, endMs } = this;
+      localStorage.setItem(this.storageKey, JSON.stringify({ version: STORE_VERSION, entries, endMs }));
+    } catch {
+      // Full or blocked storage: the transcript still lives on the page and in downloads.
+    }
+  }
+}

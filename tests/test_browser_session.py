@@ -1,0 +1,377 @@
+"""A meeting that outlives its connection, in a real headless Chromium against real daemons.
+
+Chromium's fake microphone says a sentence every 4 s (tone bursts; the fake engine makes a word
+of each 250 ms): Stop and Start keep the transcript and the .vtt spans the sessions; a daemon
+restart (SIGTERM's Daemon.shutdown, a new daemon on the same port), with or without a journal,
+and a 20 s network drop lose no final and no audio; Stop works through a drop; a viewer comes
+back after a restart and says when the source's microphone is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from browser_harness import (
+    FINAL_TEXTS_JS,
+    click,
+    finals_at_least,
+    launch_chromium,
+    notice,
+    open_page,
+    page_url,
+    silence,
+    tone,
+    write_capture,
+)
+from daemon_harness import make_config, running_daemon
+
+from captiond.config import Config, SourceConfig
+
+BURST_S = 1.5
+PERIOD_S = 4.0  # a burst every 4 s: 1 s of silence, the burst, 1.5 s of silence
+# The microphone page's transcript as it keeps it for a reload.
+STORED_JS = "JSON.parse(localStorage.getItem('captiond.transcript')).entries"
+# Clicking .vtt or .txt hands the file to the test instead of the downloads folder.
+CATCH_DOWNLOADS_JS = """window.__files = [];
+URL.createObjectURL = (blob) => { window.__files.push(blob); return '#'; };
+HTMLAnchorElement.prototype.click = () => {};"""
+
+
+def bursts() -> np.ndarray:
+    return np.concatenate([silence(1.0), tone(BURST_S), silence(PERIOD_S - 1.0 - BURST_S)])
+
+
+@pytest.fixture(scope="module")
+def burst_browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Chromium whose microphone says a 6-word sentence every 4 s."""
+    folder = tmp_path_factory.mktemp("bursts")
+    with launch_chromium(folder / "profile", write_capture(bursts(), folder / "mic.wav")) as url:
+        yield url
+
+
+def assert_on_the_burst_schedule(entries: list[dict[str, Any]]) -> None:
+    """Finals one burst apart, in order: no burst lost, no audio lost or sent twice (either
+    would shift every later final), on the page's timeline across sessions too."""
+    starts = [e["start_ms"] for e in entries]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert all(abs(gap - PERIOD_S * 1000) < 600 for gap in gaps), starts
+    assert all(a["end_ms"] <= b["start_ms"] for a, b in itertools.pairwise(entries))
+
+
+def vtt_cue_times(vtt: str) -> list[tuple[str, str]]:
+    """(start, end) of each cue; hh:mm:ss.ttt compare in time order as strings."""
+    return [
+        (start, end)
+        for line in vtt.splitlines()
+        if "-->" in line
+        for start, end in [line.split(" --> ")]
+    ]
+
+
+def test_start_keeps_the_transcript_and_the_vtt_spans_sessions(burst_browser: str) -> None:
+    async def scenario() -> None:
+        async with running_daemon() as daemon, open_page(burst_browser) as page:
+            await page.navigate(page_url(daemon))
+            await page.evaluate("localStorage.clear()")
+            await page.navigate(page_url(daemon))
+            # One sentence, then Stop in the silence after it: one segment, said so.
+            await page.evaluate(click("start"))
+            first = await finals_at_least(page, 1)
+            await page.evaluate(click("stop"))
+            assert await page.wait_for(
+                "state.dataset.state === 'done' && state.textContent", "done"
+            )
+            assert await page.evaluate("state.textContent") == "done · 1 segment"
+            # Each final names its language and reads in its own direction (RTL scripts).
+            shown = await page.evaluate(
+                "[...document.querySelectorAll('#transcript .final')].map(f =>"
+                " [f.querySelector('time').dataset.lang, f.querySelector('.text').dir])"
+            )
+            assert shown == [["en", "auto"]]
+            # Start again: the first session's final stays; the second session's follow it.
+            await page.evaluate(click("start"))
+            await page.wait_for("state.dataset.state === 'live'", "live")
+            assert await page.evaluate(FINAL_TEXTS_JS) == first
+            texts = await finals_at_least(page, 3)
+            await page.evaluate(click("stop"))
+            await page.wait_for("state.dataset.state === 'done'", "done")
+            texts = await page.evaluate(FINAL_TEXTS_JS)
+            # A screen reader hears the finals, each once, never a partial.
+            announced = await page.evaluate("[...announcer.children].map(p => p.textContent)")
+            assert announced == texts[-3:]
+            live_regions = await page.evaluate(
+                "[...document.querySelectorAll('[aria-live]')].map(e => e.id)"
+            )
+            assert live_regions == ["announcer"]
+            assert not await page.evaluate(
+                "!!captions.closest('[role=status],[role=alert],[role=log]')"
+            )
+            # A reload keeps the transcript; the .vtt holds every final, in increasing times.
+            await page.navigate(page_url(daemon))
+            assert await page.evaluate(FINAL_TEXTS_JS) == texts
+            await page.evaluate(CATCH_DOWNLOADS_JS)
+            await page.evaluate(click("download-vtt"))
+            vtt: str = await page.evaluate("window.__files[0].text()")
+            cues = vtt_cue_times(vtt)
+            assert len(cues) == len(texts) >= 3
+            assert all(start < end for start, end in cues)
+            assert all(a[1] <= b[0] for a, b in itertools.pairwise(cues)), cues
+            # Clear asks first: "no" keeps everything, "yes" erases the page and the storage.
+            await page.evaluate("window.confirm = () => false")
+            await page.evaluate(click("clear"))
+            assert await page.evaluate(FINAL_TEXTS_JS) == texts
+            await page.evaluate("window.confirm = () => true")
+            await page.evaluate(click("clear"))
+            assert await page.evaluate(FINAL_TEXTS_JS) == []
+            assert await page.evaluate(STORED_JS) == []
+            assert await page.evaluate("document.getElementById('download-vtt').disabled")
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("journal", [True, False], ids=["journal", "no-journal"])
+def test_daemon_restart_mid_session_reconnects_and_keeps_every_final(
+    burst_browser: str, tmp_path: Path, journal: bool
+) -> None:
+    """What SIGTERM does (Daemon.shutdown), then a new daemon on the same port: with a journal
+    the page resumes its session, without one it starts a new session; either way it says the
+    daemon is restarting (not "done"), reconnects by itself, and loses no final and no audio."""
+    sections: dict[str, dict[str, Any]] = {"journal": {"dir": str(tmp_path)}} if journal else {}
+
+    async def scenario() -> None:
+        async with open_page(burst_browser) as page:
+            async with running_daemon(make_config(**sections)) as first:
+                port = first.port
+                await page.navigate(page_url(first))
+                await page.evaluate("localStorage.clear()")
+                await page.evaluate(click("start"))
+                await finals_at_least(page, 2)
+            # Stopped: its last finals arrived, then `shutting_down` and 1001.
+            before = await page.evaluate(FINAL_TEXTS_JS)
+            text = await notice(page)
+            assert "Daemon restarting" in text, text
+            assert await page.evaluate("state.dataset.state") == "reconnecting"
+            assert await page.evaluate("live.hidden"), "a partial outlived its connection"
+            await asyncio.sleep(2)  # down a while: the microphone keeps recording
+            restarted = make_config(server={"port": port}, **sections)
+            async with running_daemon(restarted) as second:
+                await page.wait_for("state.dataset.state === 'live'", "the reconnect", 30)
+                text = await notice(page)
+                if journal:
+                    assert "Reconnected" in text and "nothing was lost" in text, text
+                else:
+                    assert "A new session started" in text, text
+                after = await finals_at_least(page, len(before) + 2)
+                await page.evaluate(click("stop"))
+                await page.wait_for("state.dataset.state === 'done'", "done")
+                assert second.sessions_total == 1
+            assert after[: len(before)] == before
+            assert_on_the_burst_schedule(await page.evaluate(STORED_JS))
+
+    asyncio.run(scenario())
+
+
+class FlakyNetwork:
+    """A TCP relay between the page and the daemon that can be cut, as a Wi-Fi drop cuts it:
+    open connections break (no close frame: 1006) and new ones are refused until it is back.
+    While `held`, what the page sends waits in the network."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self.down = False
+        self.held = False
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def __aenter__(self) -> FlakyNetwork:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.cut()
+        self._server.close()
+        await self._server.wait_closed()
+
+    def cut(self) -> None:
+        self.down = True
+        for writer in self._writers:
+            writer.transport.abort()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.down:
+            writer.transport.abort()
+            return
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self._writers |= {writer, up_writer}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError):
+                while data := await src.read(65536):
+                    while dst is up_writer and self.held and not self.down:
+                        await asyncio.sleep(0.05)
+                    if self.down:
+                        break
+                    dst.write(data)
+                    await dst.drain()
+            # One side is gone: the other goes too, without a word, as on a broken network.
+            writer.transport.abort()
+            up_writer.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self._writers -= {writer, up_writer}
+
+
+def test_a_20_s_network_drop_loses_no_speech(burst_browser: str) -> None:
+    async def scenario() -> None:
+        async with (
+            running_daemon() as daemon,
+            FlakyNetwork(daemon.port) as network,
+            open_page(burst_browser) as page,
+        ):
+            await page.navigate(f"http://127.0.0.1:{network.port}/")
+            await page.evaluate("localStorage.clear()")
+            await page.evaluate(click("start"))
+            before = await finals_at_least(page, 2)
+            network.cut()
+            text = await notice(page)
+            assert "connection to the daemon was lost" in text, text
+            await asyncio.sleep(20)  # five sentences said while the page has no daemon
+            assert await page.evaluate("state.dataset.state") == "reconnecting"
+            network.down = False
+            await page.wait_for("state.dataset.state === 'live'", "the reconnect", 30)
+            assert "nothing was lost" in await notice(page)
+            # The daemon got the 20 s again and captions them; the burst after that is live.
+            after = await finals_at_least(page, len(before) + 6, 60)
+            await page.evaluate(click("stop"))
+            await page.wait_for("state.dataset.state === 'done'", "done")
+            assert after[: len(before)] == before
+            assert_on_the_burst_schedule(await page.evaluate(STORED_JS))
+            assert daemon.sessions_total == 1
+
+    asyncio.run(scenario())
+
+
+def test_stop_during_a_drop_still_gets_the_last_finals(burst_browser: str) -> None:
+    """Stop: the last audio and `end` are lost with the connection. The page resumes the
+    session, sends them again and gets the last final and `done`."""
+
+    async def scenario() -> None:
+        async with (
+            running_daemon() as daemon,
+            FlakyNetwork(daemon.port) as network,
+            open_page(burst_browser) as page,
+        ):
+            await page.navigate(f"http://127.0.0.1:{network.port}/")
+            await page.evaluate("localStorage.clear()")
+            await page.evaluate(click("start"))
+            before = await finals_at_least(page, 1)
+            await page.wait_for("!live.hidden", "a sentence under way")
+            network.held = True
+            await page.evaluate(click("stop"))
+            await asyncio.sleep(1)  # the last audio and `end` wait in the network
+            network.cut()
+            await page.wait_for("state.dataset.state === 'reconnecting'", "reconnecting")
+            assert await page.evaluate(FINAL_TEXTS_JS) == before
+            network.down = network.held = False
+            await page.wait_for("state.dataset.state === 'done'", "done", 30)
+            after = await page.evaluate(FINAL_TEXTS_JS)
+            assert after[: len(before)] == before and len(after) == len(before) + 1
+            assert await page.evaluate("state.textContent") == f"done · {len(after)} segments"
+            assert daemon.sessions_total == 1
+
+    asyncio.run(scenario())
+
+
+def test_stop_while_reconnecting_stops_trying(burst_browser: str) -> None:
+    async def scenario() -> None:
+        async with open_page(burst_browser) as page:
+            async with running_daemon() as first:
+                port = first.port
+                await page.navigate(page_url(first))
+                await page.evaluate(click("start"))
+                await page.wait_for("state.dataset.state === 'live'", "live")
+            await page.wait_for("state.dataset.state === 'reconnecting'", "reconnecting")
+            await asyncio.sleep(1)
+            await page.evaluate(click("stop"))
+            await page.wait_for("state.dataset.state === 'stopped'", "stopped")
+            assert "Stopped while disconnected" in await notice(page)
+            assert not await page.evaluate("document.getElementById('start').disabled")
+            async with running_daemon(make_config(server={"port": port})) as second:
+                await asyncio.sleep(4)  # past several backoffs
+                assert second.sessions_total == 0
+
+    asyncio.run(scenario())
+
+
+# The state pill's background, and the theme's "ok" green.
+PILL_AND_GREEN_JS = """(() => {
+  const probe = document.createElement('span');
+  probe.style.background = 'var(--ok)';
+  document.body.append(probe);
+  const green = getComputedStyle(probe).backgroundColor;
+  probe.remove();
+  return [getComputedStyle(state).backgroundColor, green];
+})()"""
+
+
+class LoopingInput:
+    """A daemon-side microphone (AudioInput) playing `pcm` in a loop in real time; while
+    `present` is false, opening it fails as a missing device does."""
+
+    def __init__(self, pcm: np.ndarray, present: bool = True) -> None:
+        self.samples = pcm.astype(np.float32)
+        self.present = present
+
+    async def __call__(self, source: SourceConfig) -> AsyncIterator[tuple[int, np.ndarray]]:
+        if not self.present:
+            raise OSError(f"no input device matches {source.device!r}")
+        while True:
+            for start in range(0, len(self.samples), 1600):
+                yield 16_000, self.samples[start : start + 1600]
+                await asyncio.sleep(0.1)
+
+
+def test_viewer_reconnects_after_a_restart_and_shows_a_missing_microphone(
+    burst_browser: str,
+) -> None:
+    def with_room(port: int = 0) -> Config:
+        config = make_config(server={"port": port})
+        return dataclasses.replace(config, sources=(SourceConfig(name="room"),))
+
+    async def scenario() -> None:
+        async with open_page(burst_browser) as page:
+            async with running_daemon(with_room(), audio_input=LoopingInput(bursts())) as first:
+                port = first.port
+                await page.navigate(page_url(first, "watch=room"))
+                await page.wait_for("state.dataset.state === 'watching'", "watching")
+                before = await finals_at_least(page, 2)
+            assert "Daemon restarting" in await notice(page)
+            assert await page.evaluate("state.dataset.state") == "reconnecting"
+            # Back, but its microphone is missing: said in the pill and a notice, never green.
+            device = LoopingInput(bursts(), present=False)
+            async with running_daemon(with_room(port), audio_input=device):
+                await page.wait_for("state.dataset.state === 'waiting'", "waiting_for_device")
+                text = await notice(page)
+                assert 'microphone of "room" is not available' in text, text
+                assert "no input device matches" in text, text
+                assert await page.evaluate("state.textContent") == "no microphone"
+                pill, green = await page.evaluate(PILL_AND_GREEN_JS)
+                assert pill != green, pill
+                assert await page.evaluate(FINAL_TEXTS_JS) == before
+                # Plugged in: the source retries, captures, and its finals follow the old ones.
+                device.present = True
+                await page.wait_for("state.dataset.state === 'watching'", "capturing", 30)
+                after = await finals_at_least(page, len(before) + 1)
+                assert after[: len(before)] == before
+                assert await page.evaluate("notice.hidden")
+
+    asyncio.run(scenario())
