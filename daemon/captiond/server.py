@@ -97,7 +97,8 @@ class Daemon:
 
     @property
     def sessions_open(self) -> int:
-        return len(self._live)
+        """Streams not yet done (a done one may be held a while for a resume: not counted)."""
+        return sum(not live.finished.is_set() for live in self._live.values())
 
     @property
     def port(self) -> int:
@@ -188,6 +189,13 @@ class Daemon:
                 response = connection.respond(http.HTTPStatus.OK, body)
                 response.headers["Content-Type"] = content_type
                 return response
+            if endpoint is not None and endpoint.check_query_first:
+                query = dict(parse_qsl(url.query))
+                try:
+                    endpoint.dialect(query).stream_params(self.config.stream.language)
+                except SessionError as exc:
+                    self.metrics.refused.labels(reason="bad query").inc()
+                    return connection.respond(http.HTTPStatus.BAD_REQUEST, f"{exc}\n")
             if "upgrade" not in request.headers.get("Connection", "").lower():
                 return connection.respond(
                     http.HTTPStatus.UPGRADE_REQUIRED, f"{url.path} is a websocket endpoint\n"
@@ -264,7 +272,7 @@ class Daemon:
         continues: str | None = None,
     ) -> LiveStream:
         """A new live stream (or one taken back from the journal), its pump started."""
-        if len(self._live) >= self.config.server.max_sessions:
+        if self.sessions_open >= self.config.server.max_sessions:
             self.metrics.refused.labels(reason="session limit").inc()
             raise OverloadedError(
                 f"session limit reached ({self.config.server.max_sessions}); try again later"
@@ -303,7 +311,6 @@ class Daemon:
         self._live[session_id] = live
         self.sessions_total += 1
         self.metrics.sessions.inc()
-        self.metrics.sessions_open.inc()
         task = asyncio.create_task(self._keep(live, _peer(conn)))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -321,35 +328,40 @@ class Daemon:
         )
 
     async def _keep(self, live: LiveStream, peer: str) -> None:
-        """A stream's life: its pump until the session is done and can no longer be taken
-        back; then its log line, counters and journal end record."""
+        """A stream's life: its pump until the session is done (then its log line, counters
+        and journal end record), then held until it can no longer be taken back."""
+        pump = asyncio.create_task(live.run())
         try:
-            await live.run()
+            await live.finished.wait()
+            await self._ended(live, peer)
+            await pump
         finally:
+            pump.cancel()
             del self._live[live.id]
-            code = live.final_code
-            self.metrics.sessions_open.dec()
-            self.metrics.closes.labels(code=str(code)).inc()
-            session = live.session
-            log.info(
-                "session %s peer=%s language=%s audio_s=%.1f finals=%d close=%d",
-                live.id,
-                peer,
-                session.params.language,
-                session.audio_ms / 1000,
-                session.segments,
-                code,
-            )
-            if live.journal is not None:
-                try:
-                    await live.journal.close(
-                        audio_ms=session.audio_ms,
-                        segments=session.segments,
-                        close_code=code,
-                        received_bytes=live.received_bytes,
-                    )
-                except JournalError as exc:
-                    log.error("session %s: journal end record failed: %s", live.id, exc)
+
+    async def _ended(self, live: LiveStream, peer: str) -> None:
+        code = live.final_code
+        self.metrics.closes.labels(code=str(code)).inc()
+        session = live.session
+        log.info(
+            "session %s peer=%s language=%s audio_s=%.1f finals=%d close=%d",
+            live.id,
+            peer,
+            session.params.language,
+            session.audio_ms / 1000,
+            session.segments,
+            code,
+        )
+        if live.journal is not None:
+            try:
+                await live.journal.close(
+                    audio_ms=session.audio_ms,
+                    segments=session.segments,
+                    close_code=code,
+                    received_bytes=live.received_bytes,
+                )
+            except JournalError as exc:
+                log.error("session %s: journal end record failed: %s", live.id, exc)
 
     async def _take_back(
         self, conn: ServerConnection, resume: ResumeRequest, dialect: Dialect

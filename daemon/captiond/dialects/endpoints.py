@@ -11,7 +11,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from captiond.dialects import Dialect
+from captiond.dialects.assemblyai import AssemblyAIDialect
+from captiond.dialects.deepgram import DeepgramDialect
 from captiond.dialects.native import NativeDialect
+from captiond.dialects.openai_realtime import OpenAIRealtimeDialect
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -19,8 +22,18 @@ class Endpoint:
     dialect: Callable[[Mapping[str, str]], Dialect]  # from the connection's query string
     auth_schemes: tuple[str, ...] = ("bearer",)
     resumable: bool = False
+    # A query its protocol refuses gets HTTP 400 before the upgrade (Deepgram's behaviour),
+    # instead of an error message after it.
+    check_query_first: bool = False
 
 
 ENDPOINTS: dict[str, Endpoint] = {
     "/v1/stream": Endpoint(dialect=NativeDialect, resumable=True),
+    # Deepgram SDK: Token KEY (an access token: Bearer)
+    "/v1/listen": Endpoint(
+        dialect=DeepgramDialect, auth_schemes=("token", "bearer"), check_query_first=True
+    ),
+    "/v1/realtime": Endpoint(dialect=OpenAIRealtimeDialect),  # OpenAI SDK: Bearer KEY
+    # AssemblyAI SDK: the bare key (Authorization: KEY)
+    "/v3/ws": Endpoint(dialect=AssemblyAIDialect, auth_schemes=("", "bearer")),
 }

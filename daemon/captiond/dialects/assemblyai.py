@@ -1,0 +1,297 @@
+"""AssemblyAI Universal-Streaming v3 (`/v3/ws`) as a captiond dialect, so that the unmodified
+`assemblyai` SDK (`StreamingClient`, `api_host="ws://HOST:PORT"`) streams to a local daemon.
+Sans-I/O: one instance per connection, used on the event-loop thread.
+
+Client → daemon: binary frames are audio (pcm_s16le, mono, at the query's `sample_rate`: the
+daemon resamples to 16 kHz); text frames are `Terminate` (Control.END), `ForceEndpoint`
+(Control.FINALIZE: the open turn ends now), `KeepAlive` and `UpdateConfiguration`.
+Daemon → client: `Begin` (ready), `Turn` (partials and finals), `SpeechStarted`, `Termination`
+(done; the daemon then closes 1000), and for an error an `Error` frame whose `error_code` is
+the close code that follows (AssemblyAI's v3 codes, `CLOSE_CODES`).
+
+Turns. A segment is a turn: `turn_order` is its segment number. A partial is a Turn with
+`end_of_turn` false whose `transcript` holds only the stable words (AssemblyAI: finalized
+words, so it only grows) and whose `words` add the unstable ones with `word_is_final` false.
+The final is a Turn with `end_of_turn` true, never followed by another Turn of that order,
+except the formatted copy when `format_turns` is on. Whisper's text is already punctuated and
+cased, so `turn_is_formatted` is true exactly when the text is Whisper's as decoded (the
+formatted copy); every other Turn carries an unformatted form derived from it: each word
+lower-cased with its leading and trailing punctuation removed (numerals stay as Whisper wrote
+them). Word `start`/`end` are not measured: captiond has no word timestamps, so each word's
+times are interpolated evenly over the part of the segment not yet taken by earlier words, and
+kept once the word is final. `confidence` (every word) is 1.0 and `end_of_turn_confidence` is
+1.0 on a final and 0.0 otherwise: placeholders the SDK requires, not model scores.
+
+Unsupported: pcm_mulaw and the compressed encodings (an error: captiond takes linear PCM);
+`speech_model`, turn-detection thresholds (`end_of_turn_confidence_threshold`,
+`min_turn_silence`, `max_turn_silence`, `vad_threshold`: captiond's VAD ends turns),
+`keyterms_prompt`, `prompt`, `inactivity_timeout` (the daemon's `[server] idle_timeout_s`
+applies, and KeepAlive does not hold it), speaker labels, PII redaction, `Heartbeat`: ignored,
+as are unknown fields. Several `language_codes` decode as "auto" (any language Whisper knows).
+`expires_at` is nominal (AssemblyAI's 3-hour limit): captiond ends no session for its age.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from captiond.dialects import Received
+from captiond.errors import BadAudioError, BadMessageError, SessionError
+from captiond.protocol import (
+    Control,
+    Done,
+    Error,
+    Final,
+    Partial,
+    Ready,
+    ServerMessage,
+    SpeechStarted,
+    StreamParams,
+    check_language,
+    parse_stream_params,
+)
+
+# Control messages are small; UpdateConfiguration may carry key terms and a prompt (ignored).
+MAX_MESSAGE_BYTES = 16_384
+SESSION_LIFETIME_S = 3 * 3600  # Begin's expires_at: AssemblyAI's limit, not enforced here
+# AssemblyAI's v3 close codes (docs: "Common session errors and closures"; the SDK's
+# RealTimeErrorCodes) by captiond error code; anything else is 3005, the server-error catch-all.
+CLOSE_CODES: dict[str, int] = {
+    "bad_message": 3006,  # Invalid JSON / Invalid Message Type / Invalid Message
+    "bad_audio": 3006,  # input validation: encoding, sample rate, partial samples
+    "too_large": 3007,  # input duration violation: a chunk over [server] max_frame_bytes
+    "rate_limited": 3007,  # Audio Transmission Rate Exceeded
+    "overloaded": 3009,  # too many concurrent sessions
+    "idle_timeout": 4031,  # "Session idle for too long" in the SDK's table (v3 documents none)
+    "shutting_down": 1001,  # going away: the daemon stops
+}
+CLOSE_SERVER_ERROR = 3005
+# ASCII punctuation, curly quotes, guillemets, ellipsis, dashes, inverted ! and ?
+_EDGE_PUNCTUATION = (
+    string.punctuation + "\u201c\u201d\u2018\u2019\u00ab\u00bb\u2026\u2014\u2013\u00bf\u00a1"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Word:
+    text: str  # as Whisper wrote it (formatted)
+    start_ms: int  # interpolated, never measured
+    end_ms: int
+
+
+@dataclass(slots=True)
+class _Turn:
+    """A segment whose final has not come yet (mutable state of this connection)."""
+
+    start_ms: int
+    final_words: list[_Word] = field(default_factory=list)  # their times never change
+
+
+class AssemblyAIDialect:
+    max_text_bytes = MAX_MESSAGE_BYTES
+
+    def __init__(self, query: Mapping[str, str], *, now_s: Callable[[], float] = time.time) -> None:
+        self._query = query
+        self._now_s = now_s
+        self._began_s = 0.0
+        self._format_turns = False
+        self._language_detection = False
+        self._turns: dict[int, _Turn] = {}  # by segment: turns not ended yet
+
+    # -- client → daemon ---------------------------------------------------------------------
+
+    def stream_params(self, default_language: str) -> StreamParams:
+        query = self._query
+        self._format_turns = _flag(query, "format_turns")
+        self._language_detection = _flag(query, "language_detection")
+        encoding = query.get("encoding", "pcm_s16le")
+        if encoding != "pcm_s16le":
+            raise BadAudioError(
+                f"Input validation error: encoding {encoding[:20]!r} is not supported by "
+                "captiond; send pcm_s16le"
+            )
+        language = default_language
+        if "language_codes" in query:
+            language = _language_of(_json(query["language_codes"]))
+        elif "language_code" in query:
+            language = _language_of([query["language_code"]])
+        rate = query.get("sample_rate", "16000")
+        return parse_stream_params({"sample_rate": rate, "language": language}, default_language)
+
+    def receive(self, frame: str | bytes) -> Received:
+        if isinstance(frame, bytes):
+            return Received(audio=frame)
+        message = _json(frame)
+        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+            raise BadMessageError(f"Invalid Message: {frame[:100]}")
+        kind = message["type"]
+        if kind == "Terminate":
+            return Received(control=Control.END)
+        if kind == "ForceEndpoint":
+            return Received(control=Control.FINALIZE)
+        if kind == "KeepAlive":
+            return Received(control=Control.KEEPALIVE)
+        if kind == "UpdateConfiguration":
+            return self._update(message)
+        raise BadMessageError(f"Invalid Message Type: {kind[:50]}")
+
+    def _update(self, message: dict[str, Any]) -> Received:
+        """Take what maps (format_turns, language_codes); ignore the rest (see the docstring)."""
+        format_turns = message.get("format_turns")
+        if format_turns is not None:
+            if not isinstance(format_turns, bool):
+                raise BadMessageError("Invalid Message: format_turns must be true or false")
+            self._format_turns = format_turns
+        codes = message.get("language_codes")
+        return Received(language=None if codes is None else _language_of(codes))
+
+    # -- daemon → client ---------------------------------------------------------------------
+
+    def render(self, message: ServerMessage) -> list[str]:
+        if isinstance(message, Ready):
+            self._began_s = self._now_s()
+            expires_at = int(self._began_s) + SESSION_LIFETIME_S
+            return [_dumps({"type": "Begin", "id": message.session, "expires_at": expires_at})]
+        if isinstance(message, Partial):
+            return [self._render_partial(message)]
+        if isinstance(message, Final):
+            return self._render_final(message)
+        if isinstance(message, SpeechStarted):
+            return [_dumps({"type": "SpeechStarted", "timestamp": message.start_ms})]
+        if isinstance(message, Done):
+            return [
+                _dumps(
+                    {
+                        "type": "Termination",
+                        "audio_duration_seconds": round(message.audio_ms / 1000),
+                        "session_duration_seconds": round(self._now_s() - self._began_s),
+                    }
+                )
+            ]
+        if isinstance(message, Error):
+            code = CLOSE_CODES.get(message.code, CLOSE_SERVER_ERROR)
+            return [_dumps({"type": "Error", "error_code": code, "error": message.message})]
+        return []  # SpeechStopped: AssemblyAI has no such event
+
+    def close_code(self, error: SessionError) -> int:
+        return CLOSE_CODES.get(error.code, CLOSE_SERVER_ERROR)
+
+    def _render_partial(self, message: Partial) -> str:
+        turn = self._turns.setdefault(message.segment, _Turn(start_ms=message.start_ms))
+        stable = message.stable.split()
+        words = _timed(turn, [*stable, *message.unstable.split()], message.end_ms)
+        turn.final_words = words[: len(stable)]
+        language = message.language if self._language_detection else None
+        return self._turn(message.segment, words, len(stable), end=False, language=language)
+
+    def _render_final(self, message: Final) -> list[str]:
+        turn = self._turns.pop(message.segment, None) or _Turn(start_ms=message.start_ms)
+        words = _timed(turn, message.text.split(), message.end_ms)
+        language = message.language if self._language_detection else None
+        order, n_final = message.segment, len(words)
+        turns = [self._turn(order, words, n_final, end=True, language=language)]
+        if self._format_turns:
+            turns.append(
+                self._turn(order, words, n_final, end=True, language=language, formatted=True)
+            )
+        return turns
+
+    def _turn(
+        self,
+        order: int,
+        words: list[_Word],
+        n_final: int,
+        *,
+        end: bool,
+        language: str | None,
+        formatted: bool = False,
+    ) -> str:
+        """One Turn: the first `n_final` words are final; `language` is the detected one (only
+        with `language_detection`)."""
+        shown = [
+            (w.text if formatted else _unformatted(w.text), w, i < n_final)
+            for i, w in enumerate(words)
+        ]
+        shown = [item for item in shown if item[0]]  # a word of punctuation alone is dropped
+        transcript = " ".join(text for text, _, final in shown if final)
+        return _dumps(
+            {
+                "type": "Turn",
+                "turn_order": order,
+                "turn_is_formatted": formatted,
+                "end_of_turn": end,
+                "transcript": transcript,
+                "end_of_turn_confidence": 1.0 if end else 0.0,
+                "words": [
+                    {
+                        "start": w.start_ms,
+                        "end": w.end_ms,
+                        "text": text,
+                        "confidence": 1.0,
+                        "word_is_final": final,
+                    }
+                    for text, w, final in shown
+                ],
+                "utterance": transcript if end and not formatted else "",
+                **({} if language is None else {"language_code": language}),
+            }
+        )
+
+
+def _timed(turn: _Turn, texts: list[str], end_ms: int) -> list[_Word]:
+    """The turn's final words as they were timed, then the others spread evenly up to `end_ms`
+    (the stable words are a prefix of every later partial and of the final; a word that
+    somehow differs is timed afresh rather than trusted)."""
+    kept = 0
+    while (
+        kept < min(len(texts), len(turn.final_words)) and turn.final_words[kept].text == texts[kept]
+    ):
+        kept += 1
+    start_ms = turn.final_words[kept - 1].end_ms if kept else turn.start_ms
+    span_ms = max(0, end_ms - start_ms)
+    rest = texts[kept:]
+    return turn.final_words[:kept] + [
+        _Word(
+            text=text,
+            start_ms=start_ms + span_ms * i // len(rest),
+            end_ms=start_ms + span_ms * (i + 1) // len(rest),
+        )
+        for i, text in enumerate(rest)
+    ]
+
+
+def _unformatted(word: str) -> str:
+    return word.strip(_EDGE_PUNCTUATION).lower()
+
+
+def _flag(query: Mapping[str, str], name: str) -> bool:
+    """A boolean query parameter: the SDK writes Python's True/False, others true/false."""
+    value = query.get(name, "false").lower()
+    if value not in ("true", "false", "1", "0"):
+        raise BadMessageError(f"Input validation error: {name} must be true or false")
+    return value in ("true", "1")
+
+
+def _language_of(codes: object) -> str:
+    """One code is that language; several are "auto" (captiond decodes one at a time)."""
+    if not (isinstance(codes, list) and codes and all(isinstance(c, str) and c for c in codes)):
+        raise BadMessageError("Invalid Message: language_codes must be a list of language codes")
+    if len(codes) > 1:
+        return check_language("auto")
+    return check_language(codes[0].replace("-", "_").split("_")[0])
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError; so is a long int
+        raise BadMessageError(f"Invalid JSON: {text[:100]}") from None
+
+
+def _dumps(message: dict[str, Any]) -> str:
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":"))

@@ -1,0 +1,344 @@
+"""Deepgram's live transcription API, `/v1/listen`, so that Deepgram's own SDKs (and clients
+written to its docs) stream to captiond unchanged. Sans-I/O, one instance per connection, used
+on the event-loop thread (connection.py calls `receive` and `render`).
+
+Query string: `encoding=linear16` with `sample_rate` (resampled by the daemon) and `channels`
+(interleaved; averaged to mono here), `interim_results` (partials become `Results` with
+`is_final: false`, which may revise), `punctuate`/`smart_format` (Whisper's text as written;
+without them words are lower case without punctuation, as Deepgram's are), `endpointing=false`
+(no `speech_final`), `vad_events` (`SpeechStarted`), `utterance_end_ms` (an `UtteranceEnd` after
+each final with words, except one forced by `Finalize`), `language` (its primary subtag; `multi`
+asks for detection). `model` and the rest are accepted and ignored: the daemon's model decodes.
+Client messages: binary audio (any chunking), `KeepAlive`, `Finalize`, `CloseStream` (also an
+empty binary message, Deepgram's legacy close). On the stream's end, `Metadata`, then close 1000.
+
+Each captiond final is one `Results` with `is_final: true`. Finals come at the daemon's VAD
+endpoints, so `speech_final` is true too, except for a final forced by `Finalize`
+(`from_finalize: true`): one whose utterance ended where the stream stood at the `Finalize`
+(within the resampler's lag at rates other than 16 kHz). Times are seconds of stream audio.
+
+Not measured, and not presented as measured: captiond has no word timestamps or confidences.
+Word `start`/`end` divide the segment evenly (it includes pre-roll and trailing silence);
+`confidence` is 1.0 (0.0 for an empty transcript); `UtteranceEnd.last_word_end` is the segment's
+end. Endpointing is the daemon's (`[vad] endpoint_silence_ms`) whatever `endpointing` or
+`utterance_end_ms` say. The idle timeout counts audio only: a stream that sends only `KeepAlive`
+for `[server] idle_timeout_s` is closed (1011, `NET-0001`) where Deepgram would keep it.
+Unsupported: other encodings and containers (no decoder: `DATA-0000`), `multichannel=true` (one
+transcript per connection), `Configure` (answered with Deepgram's `InvalidConfigureMessage`
+error; the stream goes on), diarization, redaction, keywords. A query refused is refused after
+the upgrade (`Error`, then close 1008), not with Deepgram's HTTP 400: the seam reads the query
+only once the websocket is open.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from captiond import SAMPLE_RATE_HZ, __version__
+from captiond.dialects import Received
+from captiond.errors import (
+    BadAudioError,
+    BadMessageError,
+    FrameTooLargeError,
+    IdleTimeoutError,
+    RateLimitedError,
+    SessionError,
+    close_code_for,
+)
+from captiond.protocol import (
+    Control,
+    Done,
+    Error,
+    Final,
+    Partial,
+    Ready,
+    ServerMessage,
+    SpeechStarted,
+    SpeechStopped,
+    StreamParams,
+    parse_stream_params,
+)
+
+# Control messages are a few dozen bytes; a `Configure` with its 500-token keyterms a few KB.
+MAX_TEXT_BYTES = 16_384
+MAX_CHANNELS = 8
+# How far the daemon's 16 kHz stream may lag the audio received when a Finalize flushes it
+# (soxr's streaming delay: 40 ms at most, measured at 8-48 kHz).
+_RESAMPLER_LAG_MS = 100
+# Deepgram's close codes (its streaming error table); the rest as protocol v1 (standard ones).
+_CLOSE_CODES: dict[type[SessionError], int] = {
+    BadAudioError: 1008,
+    BadMessageError: 1008,
+    RateLimitedError: 1008,
+    FrameTooLargeError: 1009,
+    IdleTimeoutError: 1011,
+}
+# Deepgram's names for what it closes a stream for, where it has one.
+_VARIANTS = {BadAudioError.code: "DATA-0000", IdleTimeoutError.code: "NET-0001"}
+_CONTROLS = {
+    "KeepAlive": Control.KEEPALIVE,
+    "Finalize": Control.FINALIZE,
+    "CloseStream": Control.END,
+}
+_EDGE_PUNCTUATION = re.compile(r"^\W+|\W+$")
+
+
+def _flag(query: Mapping[str, str], name: str) -> bool:
+    return query.get(name, "").strip().lower() == "true"
+
+
+def _seconds(ms: int | float) -> float:
+    return round(ms / 1000, 3)
+
+
+def _json(data: dict[str, Any]) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ListenOptions:
+    """What the query string asks of the replies (read leniently: a dialect never raises
+    when made; stream_params refuses what cannot be served)."""
+
+    interim_results: bool
+    vad_events: bool
+    utterance_end: bool
+    endpointing: bool
+    punctuate: bool
+    channels: int  # 0: not a channel count
+
+    @classmethod
+    def of(cls, query: Mapping[str, str]) -> ListenOptions:
+        channels = query.get("channels", "1")
+        return cls(
+            interim_results=_flag(query, "interim_results"),
+            vad_events=_flag(query, "vad_events"),
+            utterance_end="utterance_end_ms" in query,
+            endpointing=query.get("endpointing", "").strip().lower() != "false",
+            punctuate=_flag(query, "punctuate") or _flag(query, "smart_format"),
+            channels=int(channels) if channels.isdecimal() and len(channels) <= 2 else 0,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Flush:
+    """A Finalize (or CloseStream) the client sent when `at_ms` of audio had arrived."""
+
+    at_ms: int
+    finalize: bool
+
+
+class DeepgramDialect:
+    max_text_bytes = MAX_TEXT_BYTES
+
+    def __init__(self, query: Mapping[str, str]) -> None:
+        self._query = query
+        self._options = ListenOptions.of(query)
+        self._created = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        self._request_id = ""  # the daemon's session id, from `ready`
+        self._model: dict[str, str] = {"name": "", "version": __version__, "arch": ""}
+        self._model_uuid = ""
+        self._rate_hz = SAMPLE_RATE_HZ
+        self._audio_sha256 = hashlib.sha256()
+        self._partial_frame = b""  # bytes of a sample frame split across messages
+        self._received_frames = 0
+        self._flushes: deque[_Flush] = deque()
+        self._finalized_end_ms: set[int] = set()  # utterance ends forced by a Finalize
+
+    def stream_params(self, default_language: str) -> StreamParams:
+        query = self._query
+        encoding = query.get("encoding")
+        if encoding != "linear16":
+            raise BadAudioError(
+                f"unsupported encoding {encoding!r}: captiond decodes raw audio only, "
+                "encoding=linear16 with sample_rate"
+            )
+        if "sample_rate" not in query:
+            raise BadAudioError("sample_rate is required with encoding=linear16")
+        if not 1 <= self._options.channels <= MAX_CHANNELS:
+            channels = query.get("channels", "")[:20]
+            raise BadAudioError(f"channels must be 1..{MAX_CHANNELS}, got {channels!r}")
+        if _flag(query, "multichannel"):
+            raise BadMessageError("multichannel=true is not supported: channels are mixed to one")
+        language = query.get("language", default_language)
+        language = "auto" if language == "multi" else language.split("-")[0]
+        params = parse_stream_params(
+            {"encoding": "pcm_s16le", "sample_rate": query["sample_rate"], "language": language},
+            default_language,
+        )
+        self._rate_hz = params.sample_rate_hz
+        return params
+
+    # -- client → daemon ---------------------------------------------------------------------
+
+    def receive(self, frame: str | bytes) -> Received:
+        if isinstance(frame, bytes):
+            if not frame:  # Deepgram's legacy close message
+                return self._control(Control.END)
+            self._audio_sha256.update(frame)
+            return Received(audio=self._mono(frame))
+        try:
+            data = json.loads(frame)
+        except (ValueError, RecursionError) as exc:
+            return self._schema_error(frame, f"Could not deserialize last text message: {exc}")
+        kind = data.get("type") if isinstance(data, dict) else None
+        if isinstance(kind, str) and kind in _CONTROLS:
+            return self._control(_CONTROLS[kind])
+        if kind == "Configure":
+            error = {
+                "type": "Error",
+                "variant": "InvalidConfigureMessage",
+                "description": "captiond cannot change keyterms or formatting during a stream",
+                "code": "KeytermsNotSupported" if "keyterms" in data else "FeaturesNotSupported",
+            }
+            return Received(replies=(_json(error),))
+        known = ", ".join(f"`{name}`" for name in [*_CONTROLS, "Configure"])
+        return self._schema_error(
+            frame, f"Could not deserialize last text message: unknown type, expected {known}"
+        )
+
+    def _control(self, control: Control) -> Received:
+        if control is not Control.KEEPALIVE:
+            at_ms = self._received_frames * 1000 // self._rate_hz
+            self._flushes.append(_Flush(at_ms=at_ms, finalize=control is Control.FINALIZE))
+        return Received(control=control)
+
+    def _schema_error(self, frame: str, description: str) -> Received:
+        """Deepgram answers a text message it cannot parse and keeps the stream open."""
+        error = {"type": "Error", "variant": "SchemaError", "description": description}
+        return Received(replies=(_json({**error, "message": frame[:1000]}),))
+
+    def _mono(self, frame: bytes) -> bytes:
+        """Whole interleaved int16 sample frames, averaged to mono; a split frame waits."""
+        data = self._partial_frame + frame if self._partial_frame else frame
+        frame_bytes = 2 * self._options.channels
+        whole = len(data) - len(data) % frame_bytes
+        self._partial_frame = data[whole:]
+        self._received_frames += whole // frame_bytes
+        if self._options.channels == 1:
+            return data[:whole]
+        samples = np.frombuffer(data, "<i2", count=whole // 2).reshape(-1, self._options.channels)
+        mono: bytes = samples.mean(axis=1).round().astype("<i2").tobytes()
+        return mono
+
+    # -- daemon → client ---------------------------------------------------------------------
+
+    def render(self, message: ServerMessage) -> list[str]:
+        opts = self._options
+        if isinstance(message, Ready):
+            self._request_id = message.session
+            self._model.update(name=message.model, arch=message.engine)
+            key = f"captiond/{message.engine}/{message.model}"
+            self._model_uuid = str(uuid.uuid5(uuid.NAMESPACE_URL, key))
+        elif isinstance(message, Partial) and opts.interim_results:
+            text = f"{message.stable} {message.unstable}"
+            return [self._results(message.start_ms, message.end_ms, text, final=False)]
+        elif isinstance(message, SpeechStarted) and opts.vad_events:
+            started = {
+                "type": "SpeechStarted",
+                "channel": [0],
+                "timestamp": _seconds(message.start_ms),
+            }
+            return [_json(started)]
+        elif isinstance(message, SpeechStopped):
+            self._note_utterance_end(message.end_ms)
+        elif isinstance(message, Final):
+            forced = message.end_ms in self._finalized_end_ms
+            self._finalized_end_ms.discard(message.end_ms)
+            frames = [self._results(message.start_ms, message.end_ms, message.text, True, forced)]
+            if opts.utterance_end and message.text.strip() and not forced:
+                end = {"type": "UtteranceEnd", "channel": [0, 1]}
+                frames.append(_json({**end, "last_word_end": _seconds(message.end_ms)}))
+            return frames
+        elif isinstance(message, Done):
+            return [self._metadata(message)]
+        elif isinstance(message, Error):
+            variant = _VARIANTS.get(message.code, message.code)
+            return [_json({"type": "Error", "variant": variant, "description": message.message})]
+        return []
+
+    def close_code(self, error: SessionError) -> int:
+        for cls in type(error).__mro__:
+            if cls in _CLOSE_CODES:
+                return _CLOSE_CODES[cls]
+        return close_code_for(error)
+
+    def _note_utterance_end(self, end_ms: int) -> None:
+        """Whether the utterance ending at `end_ms` was closed by a Finalize: its end is where
+        the stream stood then (a flush ends it at the audio received, less the resampler's
+        lag); an end past that means the flush found nothing open."""
+        lag_ms = 0 if self._rate_hz == SAMPLE_RATE_HZ else _RESAMPLER_LAG_MS
+        while self._flushes and self._flushes[0].at_ms + 1 < end_ms:
+            self._flushes.popleft()
+        if self._flushes and end_ms >= self._flushes[0].at_ms - lag_ms:
+            flush = self._flushes.popleft()
+            if flush.finalize:
+                self._finalized_end_ms.add(end_ms)
+
+    def _results(
+        self, start_ms: int, end_ms: int, text: str, final: bool, forced: bool = False
+    ) -> str:
+        punctuate = self._options.punctuate
+        words = [(plain, token) for token in text.split() if (plain := _plain(token))]
+        # No word timestamps: the segment is divided evenly (interpolated, not measured).
+        span_ms = (end_ms - start_ms) / max(1, len(words))
+        bounds_ms = [start_ms + span_ms * i for i in range(len(words) + 1)]
+        word_items = [
+            {
+                "word": plain,
+                "start": _seconds(bounds_ms[i]),
+                "end": _seconds(bounds_ms[i + 1]),
+                "confidence": 1.0,
+                **({"punctuated_word": token} if punctuate else {}),
+            }
+            for i, (plain, token) in enumerate(words)
+        ]
+        transcript = " ".join(text.split()) if punctuate else " ".join(p for p, _ in words)
+        alternative = {"transcript": transcript, "confidence": 1.0 if words else 0.0}
+        return _json(
+            {
+                "type": "Results",
+                "channel_index": [0, 1],
+                "duration": _seconds(end_ms - start_ms),
+                "start": _seconds(start_ms),
+                "is_final": final,
+                "speech_final": final and self._options.endpointing and not forced,
+                "from_finalize": forced,
+                "channel": {"alternatives": [{**alternative, "words": word_items}]},
+                "metadata": {
+                    "request_id": self._request_id,
+                    "model_info": self._model,
+                    "model_uuid": self._model_uuid,
+                },
+            }
+        )
+
+    def _metadata(self, done: Done) -> str:
+        return _json(
+            {
+                "type": "Metadata",
+                "transaction_key": "deprecated",
+                "request_id": self._request_id,
+                "sha256": self._audio_sha256.hexdigest(),
+                "created": self._created,
+                "duration": _seconds(done.audio_ms),
+                "channels": self._options.channels,
+                "models": [self._model_uuid],
+                "model_info": {self._model_uuid: self._model},
+            }
+        )
+
+
+def _plain(token: str) -> str:
+    """A word as Deepgram writes it without punctuation: lower case, no edge punctuation."""
+    return _EDGE_PUNCTUATION.sub("", token).lower()

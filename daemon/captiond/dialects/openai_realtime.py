@@ -1,0 +1,320 @@
+"""OpenAI's Realtime transcription API (`/v1/realtime?intent=transcription`) as a dialect, so that
+the `openai` SDK's `client.realtime.connect(...)` transcribes with a local daemon.
+
+Sans-I/O, one instance per connection, on the event-loop thread. It owns the mapping between
+OpenAI's JSON events and the session's messages; audio, segmentation and decoding are the
+session's.
+
+Client events: `session.update` (a session of type `transcription`), `input_audio_buffer.append`
+(base64 pcm16 at 24 kHz in text frames; the daemon resamples), `.commit` and `.clear`. Server
+events: `session.created` (on connect) and `session.updated` (the effective configuration),
+`input_audio_buffer.speech_started` / `.speech_stopped`, `.committed` (with `previous_item_id`)
+and `.cleared`, `conversation.item.input_audio_transcription.delta` and `.completed`, `error`.
+
+What differs from OpenAI, and why:
+- Items: one per utterance the daemon's VAD finds, named by where its audio starts
+  (`item_{session}_{start_ms}`), so that speech events, deltas and the final name the same item
+  without a lookup. An utterance in which the engine finds no words is never committed: its
+  `speech_started` names an item that does not follow (OpenAI commits an empty one). No
+  `conversation.item.added`/`.done`: a transcription client needs only the events above.
+- Deltas are append-only, so only stable words are sent as deltas, live while the speaker
+  talks: each partial's newly stable words, then at the final the words after them (the final
+  always starts with the stable words). `.completed` carries the final's full text and comes
+  after the item's `committed`. Deltas may come before `committed`: the daemon transcribes as
+  the audio arrives instead of after the commit.
+- Segmentation is always the daemon's VAD ([vad] config; `server_vad` parameters and
+  `semantic_vad` are taken as plain `server_vad`). With `turn_detection: null` no speech events
+  are sent and `.commit` ends the open utterance now (Control.FINALIZE), but a pause still ends
+  one too: there is no unbounded client-committed buffer to decode.
+- `.commit` with no speech open does nothing (OpenAI answers `input_audio_buffer_commit_empty`;
+  the daemon has already dropped the silence, and this side cannot tell in time whether the
+  audio just appended started an utterance).
+- `.clear` cannot take back audio: its words may already have gone out as deltas, which cannot
+  be retracted. It is acknowledged with `cleared` and ends the open utterance, so that the
+  audio before the clear never joins what comes after; its item is still completed.
+- `transcription.language` switches the decode language (null or absent: unchanged; the
+  stream starts in the daemon's [stream] language); `model`, `prompt`, `noise_reduction`
+  and `include` (logprobs) are accepted and have no effect (`session.updated` shows the
+  daemon's model). G.711 (`audio/pcmu`, `audio/pcma`) and other rates are refused with an
+  `error` event: the stream's format is fixed at connect.
+- Client mistakes are answered with OpenAI's `error` event and the session stays open, as
+  OpenAI's does (a frame over the limit below ends it). A daemon error is an `error` event with
+  the daemon's code, then protocol v1's close code (the SDK retries 1001/1011/1013 only). One is
+  the idle timeout: a client that stops appending audio for `[server] idle_timeout_s` is closed
+  (OpenAI's sessions wait; a paused client appends silence).
+- An append is at most `MAX_APPEND_CHARS` of base64 (~15 s of audio; OpenAI allows 15 MiB):
+  the daemon's websocket frame limit is 4 x `[server] max_frame_bytes`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Mapping
+from itertools import count
+from typing import Any
+
+from captiond.dialects import Received
+from captiond.errors import BadMessageError, CaptiondError, SessionError, close_code_for
+from captiond.protocol import (
+    Control,
+    Error,
+    Final,
+    Partial,
+    Ready,
+    ServerMessage,
+    SpeechStarted,
+    SpeechStopped,
+    StreamParams,
+    check_language,
+)
+
+SAMPLE_RATE_HZ = 24_000  # the only rate OpenAI's pcm format has
+MAX_APPEND_CHARS = 1_000_000  # under the default hard frame limit of 1,024,000 bytes
+_DELTA = "conversation.item.input_audio_transcription.delta"
+# The daemon's fault, not the request's (OpenAI's error types).
+_SERVER_ERRORS = {"internal", "engine_failed", "overloaded", "shutting_down"}
+
+
+class _Refused(CaptiondError):
+    """A client event OpenAI answers with an `error` event, leaving the session open."""
+
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.param = param
+
+
+class OpenAIRealtimeDialect:
+    max_text_bytes = MAX_APPEND_CHARS
+
+    def __init__(self, query: Mapping[str, str]) -> None:
+        self._intent = query.get("intent")  # `model` (if the SDK sends one) is ignored
+        self._session = ""  # from Ready
+        self._model = ""
+        self._language = ""
+        self._server_vad = True
+        self._event_ids = count()
+        self._odd_byte = b""  # half a sample: appends need not split audio on samples
+        self._open_start_ms = 0  # the utterance speech_stopped ends
+        self._last_item: str | None = None  # the item committed last
+        self._sent: dict[int, list[str]] = {}  # per open segment: its words sent as deltas
+
+    def stream_params(self, default_language: str) -> StreamParams:
+        if self._intent != "transcription":
+            raise BadMessageError(
+                "only transcription sessions are served: use ?intent=transcription"
+            )
+        self._language = default_language
+        return StreamParams(
+            sample_rate_hz=SAMPLE_RATE_HZ, encoding="pcm_s16le", language=default_language
+        )
+
+    # -- client events -----------------------------------------------------------------------
+
+    def receive(self, frame: str | bytes) -> Received:
+        event_id = None
+        try:
+            if isinstance(frame, bytes):
+                raise _Refused("invalid_request", "audio goes in input_audio_buffer.append events")
+            event = _parse(frame)
+            event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
+            kind = event.get("type")
+            if kind == "input_audio_buffer.append":
+                return Received(audio=self._append(event.get("audio")))
+            if kind == "input_audio_buffer.commit":
+                return Received(control=Control.FINALIZE)
+            if kind == "input_audio_buffer.clear":
+                cleared = self._event("input_audio_buffer.cleared")
+                return Received(control=Control.FINALIZE, replies=(cleared,))
+            if kind == "session.update":
+                return self._update(event.get("session"))
+            raise _Refused(
+                "invalid_value",
+                f"Invalid value: {str(kind)[:60]!r}. A transcription session takes "
+                "'session.update' and 'input_audio_buffer.append', '.commit', '.clear'.",
+                "type",
+            )
+        except _Refused as refused:
+            error = self._error(refused.code, str(refused), refused.param, event_id)
+            return Received(replies=(error,))
+
+    def _append(self, audio: object) -> bytes:
+        if not isinstance(audio, str):
+            raise _Refused("missing_required_parameter", "Missing required parameter: 'audio'.")
+        try:
+            data = self._odd_byte + base64.b64decode(audio, validate=True)
+        except binascii.Error:
+            raise _Refused("invalid_value", "Invalid 'audio': not base64.", "audio") from None
+        whole = len(data) - len(data) % 2
+        self._odd_byte = data[whole:]
+        return data[:whole]
+
+    def _update(self, session: object) -> Received:
+        """Validate the whole update before taking any of it: a refused one changes nothing."""
+        session = _field(session, "session", required=True)
+        if session.get("type", "transcription") != "transcription":
+            raise _Refused("invalid_value", "only transcription sessions", "session.type")
+        param = "session.audio.input"
+        audio_input = _field(_field(session.get("audio"), "session.audio").get("input"), param)
+        if "format" in audio_input:
+            _check_format(_field(audio_input["format"], f"{param}.format"))
+        server_vad = self._server_vad
+        if "turn_detection" in audio_input:
+            server_vad = _is_server_vad(audio_input["turn_detection"])
+        language = _language(_field(audio_input.get("transcription"), f"{param}.transcription"))
+        self._server_vad = server_vad
+        self._language = language or self._language
+        updated = self._event("session.updated", session=self._session_object())
+        return Received(language=language, replies=(updated,))
+
+    # -- session messages --------------------------------------------------------------------
+
+    def render(self, message: ServerMessage) -> list[str]:
+        if isinstance(message, Ready):
+            self._session, self._model = message.session, message.model
+            return [self._event("session.created", session=self._session_object())]
+        if isinstance(message, SpeechStarted):
+            self._open_start_ms = message.start_ms
+            return self._speech(
+                "input_audio_buffer.speech_started", audio_start_ms=message.start_ms
+            )
+        if isinstance(message, SpeechStopped):
+            return self._speech("input_audio_buffer.speech_stopped", audio_end_ms=message.end_ms)
+        if isinstance(message, Partial):
+            return self._deltas(message.segment, message.start_ms, message.stable.split())
+        if isinstance(message, Final):
+            return self._final(message)
+        if isinstance(message, Error):
+            return [self._error(message.code, message.message)]
+        return []  # done: never comes, this protocol has no end of input
+
+    def _speech(self, kind: str, **at_ms: int) -> list[str]:
+        if not self._server_vad:
+            return []  # OpenAI sends speech events in server_vad mode only
+        return [self._event(kind, **at_ms, item_id=self._item(self._open_start_ms))]
+
+    def _deltas(self, segment: int, start_ms: int, words: list[str]) -> list[str]:
+        """The words of `words` not yet sent for `segment`, as one delta (none if `words` do
+        not extend what was sent: a delta cannot be taken back)."""
+        sent = self._sent.setdefault(segment, [])
+        if len(words) <= len(sent) or words[: len(sent)] != sent:
+            return []
+        delta = (" " if sent else "") + " ".join(words[len(sent) :])
+        sent[:] = words
+        item = self._item(start_ms)
+        return [self._event(_DELTA, item_id=item, content_index=0, delta=delta)]
+
+    def _final(self, final: Final) -> list[str]:
+        item = self._item(final.start_ms)
+        committed = self._event(
+            "input_audio_buffer.committed", item_id=item, previous_item_id=self._last_item
+        )
+        self._last_item = item
+        deltas = self._deltas(final.segment, final.start_ms, final.text.split())
+        del self._sent[final.segment]
+        completed = self._event(
+            "conversation.item.input_audio_transcription.completed",
+            item_id=item,
+            content_index=0,
+            transcript=final.text,
+            usage={"type": "duration", "seconds": (final.end_ms - final.start_ms) / 1000},
+        )
+        return [committed, *deltas, completed]
+
+    def close_code(self, error: SessionError) -> int:
+        return close_code_for(error)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _item(self, start_ms: int) -> str:
+        return f"item_{self._session}_{start_ms}"
+
+    def _session_object(self) -> dict[str, Any]:
+        transcription = {"model": self._model, "language": self._language, "prompt": ""}
+        return {
+            "type": "transcription",
+            "id": f"sess_{self._session}",
+            "object": "realtime.transcription_session",
+            "audio": {
+                "input": {
+                    "format": {"type": "audio/pcm", "rate": SAMPLE_RATE_HZ},
+                    "transcription": transcription,
+                    "turn_detection": {"type": "server_vad"} if self._server_vad else None,
+                    "noise_reduction": None,
+                }
+            },
+            "include": [],
+        }
+
+    def _event(self, kind: str, **fields: Any) -> str:
+        event = {"type": kind, "event_id": f"event_{next(self._event_ids)}", **fields}
+        return json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+
+    def _error(
+        self, code: str, message: str, param: str | None = None, event_id: str | None = None
+    ) -> str:
+        error = {
+            "type": "server_error" if code in _SERVER_ERRORS else "invalid_request_error",
+            "code": code,
+            "message": message,
+            "param": param,
+            "event_id": event_id,
+        }
+        return self._event("error", error=error)
+
+
+def _parse(frame: str) -> dict[str, Any]:
+    try:
+        event = json.loads(frame)
+    except (ValueError, RecursionError):  # malformed, nested too deep, a number too long
+        raise _Refused("invalid_json", "The event is not valid JSON.") from None
+    if not isinstance(event, dict):
+        raise _Refused("invalid_json", "An event must be a JSON object with a 'type'.")
+    return event
+
+
+def _field(value: object, param: str, *, required: bool = False) -> dict[str, Any]:
+    """An object-valued field; absent or null is an empty object unless `required`."""
+    if value is None and not required:
+        return {}
+    if not isinstance(value, dict):
+        raise _Refused("invalid_type", f"'{param}' must be an object.", param)
+    return value
+
+
+def _check_format(audio_format: dict[str, Any]) -> None:
+    """The stream's format is fixed at connect: pcm16 at 24 kHz."""
+    if (
+        audio_format.get("type", "audio/pcm") != "audio/pcm"
+        or audio_format.get("rate", SAMPLE_RATE_HZ) != SAMPLE_RATE_HZ
+    ):
+        raise _Refused(
+            "invalid_value",
+            "only audio/pcm at 24000 Hz is supported (not G.711 audio/pcmu, audio/pcma)",
+            "session.audio.input.format",
+        )
+
+
+def _is_server_vad(turn_detection: object) -> bool:
+    """Whether speech events are sent: null turns them off; either VAD is the daemon's."""
+    if turn_detection is None:
+        return False
+    param = "session.audio.input.turn_detection"
+    if _field(turn_detection, param).get("type") not in ("server_vad", "semantic_vad"):
+        raise _Refused(
+            "invalid_value", "turn_detection must be server_vad, semantic_vad or null", param
+        )
+    return True
+
+
+def _language(transcription: dict[str, Any]) -> str | None:
+    """The language to decode in from now on (null, "" or absent: unchanged)."""
+    if not transcription.get("language"):
+        return None
+    try:
+        return check_language(str(transcription["language"]))
+    except SessionError as exc:
+        param = "session.audio.input.transcription.language"
+        raise _Refused("invalid_value", str(exc), param) from None

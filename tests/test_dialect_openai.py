@@ -1,0 +1,367 @@
+"""The OpenAI Realtime transcription endpoint (`/v1/realtime?intent=transcription`), driven by
+OpenAI's own SDK (`openai[realtime]`, synchronous, run in a thread) against a real daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Final, cast
+
+import numpy as np
+import pytest
+import soxr
+from conftest import read_wav_int16
+from daemon_harness import (
+    Exchange,
+    collect,
+    make_config,
+    running_daemon,
+    stream_pcm,
+    tone_bursts,
+    url,
+)
+from openai import OpenAI
+from openai.resources.realtime.realtime import RealtimeConnection
+from openai.types.realtime import (
+    RealtimeTranscriptionSessionCreateRequestParam as TranscriptionSession,
+)
+from openai.types.realtime import SessionCreatedEvent
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from captiond.config import Config
+from captiond.engines import Engine, EngineRequest, EngineResult, load_engine
+from captiond.engines.fake import FakeEngine
+
+RATE_HZ: Final = 24_000
+COMPLETED = "conversation.item.input_audio_transcription.completed"
+DELTA = "conversation.item.input_audio_transcription.delta"
+SESSION: TranscriptionSession = {
+    "type": "transcription",
+    "audio": {
+        "input": {
+            "format": {"type": "audio/pcm", "rate": RATE_HZ},
+            "transcription": {"model": "gpt-4o-transcribe", "language": "en"},
+            "turn_detection": {"type": "server_vad"},
+        }
+    },
+}
+# Audio goes in faster than real time.
+FAST = {"max_audio_speed": 1e6}
+
+
+def sdk_client(port: int, key: str = "k") -> OpenAI:
+    return OpenAI(
+        api_key=key,
+        base_url=f"http://127.0.0.1:{port}/v1",
+        websocket_base_url=f"ws://127.0.0.1:{port}/v1",
+    )
+
+
+@contextlib.contextmanager
+def transcription(
+    port: int, session: TranscriptionSession = SESSION
+) -> Iterator[RealtimeConnection]:
+    """An SDK connection to a transcription session, `session` set (its events read)."""
+    with sdk_client(port).realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        created = conn.recv()
+        assert isinstance(created, SessionCreatedEvent)
+        assert created.session.type == "transcription"
+        conn.session.update(session=session)
+        assert conn.recv().type == "session.updated"
+        yield conn
+
+
+def to_24k(pcm_16k: np.ndarray) -> np.ndarray:
+    up: np.ndarray = soxr.resample(pcm_16k.astype(np.float32) / 32768, 16_000, RATE_HZ)
+    return np.clip(np.round(up * 32768), -32768, 32767).astype("<i2")
+
+
+def append(conn: RealtimeConnection, pcm: np.ndarray, chunk: int = 4_800) -> None:
+    for start in range(0, len(pcm), chunk):
+        audio = base64.b64encode(pcm[start : start + chunk].tobytes()).decode()
+        conn.input_audio_buffer.append(audio=audio)
+
+
+def read_until(conn: RealtimeConnection, done: Callable[[list[Any]], bool]) -> list[Any]:
+    events: list[Any] = []
+    while not done(events):
+        events.append(conn.recv())
+    return events
+
+
+def completions(n: int) -> Callable[[list[Any]], bool]:
+    return lambda events: sum(e.type == COMPLETED for e in events) >= n
+
+
+def check_items(events: Sequence[Any], speech_events: bool = True) -> None:
+    """Per item: deltas only append, and together they are the final's transcript; items are
+    committed in order, each naming the one before, before they complete; each was announced
+    by speech_started (only in server_vad mode)."""
+    sent: dict[str, str] = {}
+    committed: list[str] = []
+    completed: set[str] = set()
+    for e in events:
+        if e.type == DELTA:
+            assert e.item_id not in completed, "a delta after the item's final"
+            sent[e.item_id] = sent.get(e.item_id, "") + e.delta
+        elif e.type == "input_audio_buffer.committed":
+            assert e.previous_item_id == (committed[-1] if committed else None)
+            committed.append(e.item_id)
+        elif e.type == COMPLETED:
+            assert committed[-1] == e.item_id
+            assert sent.get(e.item_id, "") == e.transcript
+            completed.add(e.item_id)
+    started = [e.item_id for e in events if e.type == "input_audio_buffer.speech_started"]
+    stopped = [e.item_id for e in events if e.type == "input_audio_buffer.speech_stopped"]
+    if speech_events:
+        assert set(committed) <= set(started) and started[: len(stopped)] == stopped
+    else:
+        assert not started and not stopped
+
+
+def live_deltas(events: Sequence[Any]) -> int:
+    """Deltas that came before their item's final."""
+    committed: set[str] = set()
+    live = 0
+    for e in events:
+        if e.type == "input_audio_buffer.committed":
+            committed.add(e.item_id)
+        live += e.type == DELTA and e.item_id not in committed
+    return live
+
+
+def session_with(**audio_input: Any) -> TranscriptionSession:
+    """SESSION with some of its `audio.input` fields replaced."""
+    fields = {**SESSION["audio"]["input"], **audio_input}
+    return cast(TranscriptionSession, {**SESSION, "audio": {"input": fields}})
+
+
+def run(scenario: Callable[[int], Any], config: Config | None = None, **daemon: Any) -> Any:
+    """`scenario(port)` in a thread while a daemon (the fake engine by default) runs."""
+
+    async def main() -> Any:
+        async with running_daemon(config or make_config(server=FAST), **daemon) as d:
+            return await asyncio.wait_for(asyncio.to_thread(scenario, d.port), 60)
+
+    return asyncio.run(main())
+
+
+# -- the real model on real speech -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    loaded = load_engine(make_config(engine={"name": "faster-whisper", "device": "cpu"}).engine)
+    loaded.warmup()
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def jfk_24k(speech_dir: Path) -> np.ndarray:
+    # Trailing silence ends the last utterance by the VAD, on either path.
+    pcm = read_wav_int16(speech_dir / "utt" / "jfk_inaugural_1961.wav")
+    return to_24k(np.concatenate([pcm, np.zeros(24_000, "<i2")]))
+
+
+@pytest.mark.model
+def test_sdk_transcript_equals_the_native_stream(engine: Engine, jfk_24k: np.ndarray) -> None:
+    # Without partials the finals depend on the audio only, not on when partials ran.
+    config = make_config(server=FAST, stream={"partial_interval_ms": 3_600_000})
+
+    async def main() -> tuple[list[str], list[str]]:
+        async with running_daemon(config, engine=engine, vad_factory=None) as daemon:
+            native = await stream_pcm(url(daemon, query="sample_rate=24000"), jfk_24k, 4_800)
+            finals = [m["text"] for m in native.of("final")]
+
+            def sdk() -> list[str]:
+                with transcription(daemon.port) as conn:
+                    append(conn, jfk_24k)
+                    conn.input_audio_buffer.commit()
+                    events = read_until(conn, completions(len(finals)))
+                return [e.transcript for e in events if e.type == COMPLETED]
+
+            return finals, await asyncio.wait_for(asyncio.to_thread(sdk), 120)
+
+    finals, transcripts = asyncio.run(main())
+    assert "what you can do for your country" in " ".join(finals).lower()
+    assert transcripts == finals
+
+
+@pytest.mark.model
+def test_deltas_add_up_to_each_final(engine: Engine, jfk_24k: np.ndarray) -> None:
+    async def main() -> list[Any]:
+        async with running_daemon(make_config(server=FAST), engine=engine, vad_factory=None) as d:
+            native = await stream_pcm(url(d, query="sample_rate=24000"), jfk_24k, 4_800)
+
+            def sdk() -> list[Any]:
+                with transcription(d.port) as conn:
+                    for start in range(0, len(jfk_24k), 4_800):  # 5x real time: partials run
+                        append(conn, jfk_24k[start : start + 4_800])
+                        time.sleep(0.04)
+                    conn.input_audio_buffer.commit()
+                    return read_until(conn, completions(len(native.of("final"))))
+
+            return await asyncio.wait_for(asyncio.to_thread(sdk), 120)
+
+    events = asyncio.run(main())
+    check_items(events)
+
+
+# -- the fake engine: protocol behaviour --------------------------------------------------------
+
+BURST = to_24k(tone_bursts([2.0], gap_s=0.0))  # speech still open when the audio stops
+
+
+def test_stable_words_go_out_as_deltas_while_speech_goes_on() -> None:
+    pcm = to_24k(tone_bursts([3.0, 2.0]))
+
+    def scenario(port: int) -> list[Any]:
+        with transcription(port) as conn:
+            for start in range(0, len(pcm), 2_400):  # 100 ms every 20 ms: partials run
+                append(conn, pcm[start : start + 2_400])
+                time.sleep(0.02)
+            return read_until(conn, completions(2))
+
+    events = run(scenario)
+    check_items(events)
+    assert live_deltas(events) >= 2
+
+
+def test_commit_ends_the_utterance_and_a_close_ends_the_session() -> None:
+    """turn_detection null: no speech events; `.commit` ends the item now, with no silence
+    after it. The SDK's close ends the session."""
+
+    def scenario(port: int) -> list[Any]:
+        with transcription(port, session_with(turn_detection=None)) as conn:
+            events = []
+            for _ in range(2):
+                append(conn, BURST)
+                conn.input_audio_buffer.commit()
+                events += read_until(conn, completions(1))
+            return events
+
+    async def main() -> tuple[list[Any], int]:
+        async with running_daemon(make_config(server=FAST)) as daemon:
+            events = await asyncio.wait_for(asyncio.to_thread(scenario, daemon.port), 60)
+            for _ in range(100):
+                if daemon.sessions_open == 0:
+                    break
+                await asyncio.sleep(0.05)
+            return events, daemon.sessions_open
+
+    events, sessions_open = asyncio.run(main())
+    check_items(events, speech_events=False)
+    completed = [e for e in events if e.type == COMPLETED]
+    assert len(completed) == 2 and all(e.transcript for e in completed)
+    assert completed[0].usage.seconds == pytest.approx(2.0, abs=0.5)
+    assert sessions_open == 0
+
+
+def test_clear_is_acknowledged_and_ends_the_utterance() -> None:
+    def scenario(port: int) -> list[Any]:
+        with transcription(port) as conn:
+            append(conn, BURST)
+            conn.input_audio_buffer.clear()
+            return read_until(conn, completions(1))
+
+    events = run(scenario)
+    check_items(events)
+    kinds = [e.type for e in events]
+    assert "input_audio_buffer.cleared" in kinds
+    assert kinds.index("input_audio_buffer.speech_stopped") < kinds.index(COMPLETED)
+    assert events[-1].transcript, "the words before the clear were already transcribed"
+
+
+class RecordingEngine(FakeEngine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.languages: list[str | None] = []
+
+    def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
+        self.languages += [r.language for r in requests]
+        return super().transcribe_batch(requests)
+
+
+def test_session_update_switches_the_language() -> None:
+    engine = RecordingEngine()
+
+    def scenario(port: int) -> tuple[Any, Any]:
+        with transcription(port) as conn:
+            conn.session.update(session=session_with(transcription={"language": "de"}))
+            updated = conn.recv()
+            conn.session.update(session=session_with(transcription={"language": "german"}))
+            refused = conn.recv()
+            append(conn, BURST)
+            conn.input_audio_buffer.commit()
+            read_until(conn, completions(1))
+            return updated, refused
+
+    updated, refused = run(scenario, engine=engine)
+    assert updated.type == "session.updated"
+    assert updated.session.audio.input.transcription.language == "de"
+    assert refused.type == "error" and refused.error.code == "invalid_value"
+    assert refused.error.param == "session.audio.input.transcription.language"
+    assert engine.languages and set(engine.languages) == {"de"}, "a refused update changed it"
+
+
+def test_openai_key_is_checked_before_the_upgrade() -> None:
+    def scenario(port: int) -> int:
+        with transcription(port) as conn:
+            conn.close()
+        with pytest.raises(InvalidStatus) as refused:
+            sdk_client(port, key="wrong").realtime.connect(
+                extra_query={"intent": "transcription"}
+            ).enter()
+        return refused.value.response.status_code
+
+    assert run(scenario, make_config(auth={"token": "k"})) == 401
+
+
+def test_bad_events_get_openai_errors_and_the_session_stays_open() -> None:
+    long_burst = to_24k(tone_bursts([10.0], gap_s=0.0))  # one ~670 kB append
+
+    def scenario(port: int) -> tuple[list[Any], list[Any]]:
+        with transcription(port) as conn:
+            conn.send_raw("{not json")
+            conn.send_raw(json.dumps({"type": "response.create"}))
+            bad_audio = {"type": "input_audio_buffer.append", "audio": "**", "event_id": "e1"}
+            conn.send_raw(json.dumps(bad_audio))
+            conn.session.update(session=session_with(format={"type": "audio/pcmu"}))
+            conn.send_raw(b"\x00\x01")
+            errors = read_until(conn, lambda events: len(events) == 5)
+            append(conn, long_burst, chunk=len(long_burst))
+            conn.input_audio_buffer.commit()
+            return errors, read_until(conn, completions(1))
+
+    errors, events = run(scenario)
+    assert {e.type for e in errors} == {"error"}
+    assert {e.error.type for e in errors} == {"invalid_request_error"}
+    assert [(e.error.code, e.error.param) for e in errors] == [
+        ("invalid_json", None),
+        ("invalid_value", "type"),
+        ("invalid_value", "audio"),
+        ("invalid_value", "session.audio.input.format"),
+        ("invalid_request", None),
+    ]
+    assert errors[2].error.event_id == "e1"
+    assert len(events[-1].transcript.split()) > 30, "the session did not go on"
+
+
+def test_connecting_without_intent_transcription_is_refused() -> None:
+    async def main() -> Exchange:
+        async with (
+            running_daemon(make_config()) as daemon,
+            connect(url(daemon, "/v1/realtime", "model=gpt-realtime")) as conn,
+        ):
+            return await asyncio.wait_for(collect(conn), 10)
+
+    exchange = asyncio.run(main())
+    assert [m["type"] for m in exchange.messages] == ["error"]
+    assert exchange.messages[0]["error"]["type"] == "invalid_request_error"
+    assert exchange.close_code == 1008
