@@ -7,6 +7,7 @@ FeatureExtractor; a mixed batch must decode exactly as its requests one at a tim
 
 from __future__ import annotations
 
+import dataclasses
 import wave
 from pathlib import Path
 from typing import Any
@@ -174,3 +175,17 @@ def test_result_fields(singles: list[EngineResult]) -> None:
     assert speech.text and speech.text == speech.text.strip()
     assert speech.compression_ratio > 0 and speech.avg_logprob < 0
     assert all(0.0 <= r.no_speech_prob <= 1.0 for r in singles)
+
+
+def test_english_only_model_decodes_english(
+    engine: TorchGraphEngine, clips: list[EngineRequest], singles: list[EngineResult]
+) -> None:
+    """tiny.en neither detects nor translates: language None and task translate change nothing."""
+    assert not engine.multilingual
+    request = dataclasses.replace(
+        clips[0], language=None, language_hint="de", task="translate", detect_from_sample=8_000
+    )
+    ours = engine.transcribe_batch([request])[0]
+    assert ours.tokens == singles[0].tokens
+    assert (ours.language, ours.language_probability) == ("en", 1.0)
+    assert (singles[0].language, singles[0].language_probability) == ("en", 1.0)

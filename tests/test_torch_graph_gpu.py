@@ -11,12 +11,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import missing_tool, read_wav_int16
 
 torch = pytest.importorskip("torch")
 
 from captiond.config import EngineConfig  # noqa: E402
 from captiond.engines import DecodeKind, EngineRequest  # noqa: E402
 from captiond.engines.torch_graph import TorchGraphEngine  # noqa: E402
+from captiond.errors import ModelNotFoundError  # noqa: E402
 from captiond.models import resolve_model  # noqa: E402
 
 pytestmark = [
@@ -110,3 +112,61 @@ def test_captured_step_does_not_sync(graphed: TorchGraphEngine, clips: list[Engi
         finally:
             torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
+
+
+# Multilingual (Whisper base): clips its detection takes for their own language at p >= 0.96.
+SPEECH_MULTI_DIR = Path(__file__).resolve().parents[2] / "shared" / "speech-multi"
+MULTI_CLIPS = ("de_cv_19679280", "fr_cv_20046123", "ru_cv_20212439", "zh_cv_18995711")
+
+
+def test_multilingual_detection_and_decode_under_graphs() -> None:
+    """Whisper base on CUDA (FP16): language detection (eager, before the prefill) and decodes
+    in the detected language, one with <|translate|> and one detecting after 3 s of context,
+    replayed from the step graphs give the same languages and tokens as the same engine eager."""
+    if not (SPEECH_MULTI_DIR / "manifest.jsonl").is_file():
+        missing_tool(f"multilingual speech corpus not found at {SPEECH_MULTI_DIR}")
+    try:
+        model_path = resolve_model("base")
+    except ModelNotFoundError as exc:
+        missing_tool(f"Whisper base is not installed ({exc})")
+    audio = {
+        i: (read_wav_int16(SPEECH_MULTI_DIR / "wav" / f"{i}.wav") / 32768.0).astype(np.float32)
+        for i in MULTI_CLIPS
+    }
+    requests = [
+        EngineRequest(audio=audio[i], kind=DecodeKind.FINAL, language=None) for i in MULTI_CLIPS
+    ]
+    requests.append(
+        EngineRequest(
+            audio=audio["de_cv_19679280"], kind=DecodeKind.FINAL, language=None, task="translate"
+        )
+    )
+    context = audio["ru_cv_20212439"][: 3 * 16_000]
+    requests.append(
+        EngineRequest(
+            audio=np.concatenate([context, audio["fr_cv_20046123"]]),
+            kind=DecodeKind.FINAL,
+            language=None,
+            detect_from_sample=context.size,
+        )
+    )
+    config = EngineConfig(name="torch_graph", device="cuda", compute_type="float16")
+    outputs = []
+    for graphs in (True, False):
+        engine = TorchGraphEngine(model_path, config, graphs=graphs, max_batch=MAX_BATCH)
+        try:
+            assert engine.multilingual
+            engine.warmup()
+            assert engine.graphs.captured == graphs
+            outputs.append(engine.transcribe_batch(requests))
+        finally:
+            engine.close()
+    graphed, eager = outputs
+    assert [(r.language, r.tokens) for r in graphed] == [(r.language, r.tokens) for r in eager]
+    languages = [i.split("_")[0] for i in MULTI_CLIPS]
+    assert [r.language for r in graphed] == [*languages, "de", "fr"]
+    assert all(r.language_probability > 0.9 for r in graphed)
+    # Translated: another decode of the German clip, in English words.
+    assert graphed[4].tokens != graphed[0].tokens
+    words = graphed[4].text.split()
+    assert words and sum(w.isascii() for w in words) >= 0.8 * len(words)

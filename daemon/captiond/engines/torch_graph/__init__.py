@@ -6,8 +6,10 @@ graphs behind the `Engine` protocol. Built on the main thread by `load_engine`; 
 in captiond that imports torch.
 
 Per batch: log-mel on the device (audio staged through a pinned buffer), one batched encoder pass
-writing cross-attention K/V, an eager prefill of the prompts, then the single-token step replayed
-from a CUDA graph of the batch's bucket; the host looks at the finished flags every
+writing cross-attention K/V, language detection where a request asks for it (one eager decoder
+step; requests whose detection window starts later get their own batched encoder pass first),
+an eager prefill of the prompts (language and task tokens included), then the single-token step
+replayed from a CUDA graph of the batch's bucket; the host looks at the finished flags every
 `check_every_steps` steps. On the CPU the same code runs eagerly in FP32 (how CI tests it).
 """
 
@@ -18,10 +20,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from captiond.config import EngineConfig
-from captiond.engines import DecodeKind, EngineRequest, EngineResult
+from captiond.engines import DecodeKind, EngineRequest, EngineResult, choose_language
 from captiond.engines.torch_graph.cuda_graph import StepGraphs, bucket_for, bucket_sizes
 from captiond.engines.torch_graph.decode import GreedyDecoder
 from captiond.engines.torch_graph.kv_cache import allocate_cache
@@ -48,16 +51,25 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def _detect_offset(request: EngineRequest) -> int:
+    """Where detection's window starts: `detect_from_sample`, or 0 when that leaves no audio."""
+    offset = request.detect_from_sample
+    return offset if 0 < offset < len(request.audio) else 0
+
+
 class TorchGraphEngine:
     """Greedy Whisper decoding that matches faster-whisper's tokens (beam_size=1, no timestamps).
 
     `request.beam_size > 1` falls back to greedy: greedy is this engine's contract. Multilingual
-    models are prompted with `request.language` (English when None); there is no language
-    detection. `compute_type="float32"` keeps FP32 on CUDA; any other value means FP16 there. On
-    the CPU the model always runs in FP32. `graphs=None` captures graphs on CUDA only; False runs
-    the same step eagerly (debugging, tests). `random_shape` ("tiny" ... "large-v3") replaces the
-    weights with random ones of that size for speed work; the tokenizer still comes from
-    `model_path`.
+    models decode in `request.language`, or, when it is None, in the language `choose_language`
+    picks from Whisper's detection on `request.audio[request.detect_from_sample:]` and
+    `request.language_hint`; `request.task` "translate" puts <|translate|> in the prompt.
+    English-only models always decode English (reported as ("en", 1.0)).
+
+    `compute_type="float32"` keeps FP32 on CUDA; any other value means FP16 there. On the CPU the
+    model always runs in FP32. `graphs=None` captures graphs on CUDA only; False runs the same
+    step eagerly (debugging, tests). `random_shape` ("tiny" ... "large-v3") replaces the weights
+    with random ones of that size for speed work; the tokenizer still comes from `model_path`.
     """
 
     def __init__(
@@ -113,10 +125,17 @@ class TorchGraphEngine:
     def model_name(self) -> str:
         return self._model_name
 
+    @property
+    def multilingual(self) -> bool:
+        return self.tokens.multilingual
+
     def warmup(self) -> None:
-        """One eager batch (kernel selection), then graph capture for every bucket (on CUDA)."""
+        """One eager batch (kernel selection, language detection on multilingual models), then
+        graph capture for every bucket (on CUDA)."""
         silence = EngineRequest(
-            audio=np.zeros(WARMUP_AUDIO_SAMPLES, dtype=np.float32), kind=DecodeKind.PARTIAL
+            audio=np.zeros(WARMUP_AUDIO_SAMPLES, dtype=np.float32),
+            kind=DecodeKind.PARTIAL,
+            language=None,
         )
         self.transcribe_batch([silence])
         with torch.no_grad():
@@ -132,10 +151,13 @@ class TorchGraphEngine:
         n = len(requests)
         if n == 0:
             return []
-        plans = [self.tokens.prompt(r.prompt, r.language, r.prefix) for r in requests]
         bucket = bucket_for(n, self.graphs.buckets)
         with torch.no_grad():
-            self.decoder.encode(self.mel([r.audio for r in requests]).to(self.dtype))
+            languages = self._encode_and_detect(requests)
+            plans = [
+                self.tokens.prompt(r.prompt, language, r.prefix, r.task)
+                for r, (language, _) in zip(requests, languages, strict=True)
+            ]
             no_speech = self.decoder.prefill(plans, bucket)
             # The prefill chose the first token; the step makes the rest.
             for step in range(max(plan.max_new_tokens for plan in plans) - 1):
@@ -144,7 +166,7 @@ class TorchGraphEngine:
                     break
             rows = self.decoder.read_back(no_speech, n)
         results = []
-        for row in rows:
+        for row, (language, probability) in zip(rows, languages, strict=True):
             text = self.tokens.decode(row.tokens).strip()
             results.append(
                 EngineResult(
@@ -153,9 +175,48 @@ class TorchGraphEngine:
                     avg_logprob=row.avg_logprob,
                     no_speech_prob=row.no_speech_prob,
                     compression_ratio=compression_ratio(text),
+                    language=language,
+                    language_probability=probability,
                 )
             )
         return results
+
+    def _encode(self, audios: Sequence[npt.NDArray[np.float32]]) -> None:
+        """Log-mel and encoder for `audios`, into the first rows of the cross-attention cache."""
+        self.decoder.encode(self.mel(audios).to(self.dtype))
+
+    def _encode_and_detect(self, requests: Sequence[EngineRequest]) -> list[tuple[str, float]]:
+        """Encode the decode windows (left in the cross-attention cache for the prefill) and
+        return each request's decode language and its probability, detecting where asked.
+
+        Detection windows that start later than the decode window are encoded first, as one
+        batch of their own; those that start at sample 0 are the decode window, so detection
+        reads the decode encoding. One host transfer brings every probability back.
+        """
+        detect = [i for i, r in enumerate(requests) if r.language is None and self.multilingual]
+        shifted = [i for i in detect if _detect_offset(requests[i]) > 0]
+        detected: list[torch.Tensor] = []
+        if shifted:
+            self._encode([requests[i].audio[_detect_offset(requests[i]) :] for i in shifted])
+            detected.append(self.decoder.language_probs(len(shifted)))
+        self._encode([r.audio for r in requests])
+        in_place = [i for i in detect if i not in shifted]
+        if in_place:
+            # Rows 0 .. last in-place row; the rows between cost one token each.
+            probs = self.decoder.language_probs(in_place[-1] + 1)
+            detected.append(probs[torch.tensor(in_place, device=probs.device)])
+        chosen: list[tuple[str, float]] = [
+            ("en", 1.0) if r.language is None or not self.multilingual else (r.language, 1.0)
+            for r in requests
+        ]
+        if not detect:
+            return chosen
+        rows = torch.cat(detected).cpu().tolist()
+        codes = self.tokens.language_codes
+        for i, row in zip(shifted + in_place, rows, strict=True):
+            probabilities = dict(zip(codes, row, strict=True))
+            chosen[i] = choose_language(probabilities, requests[i].language_hint)
+        return chosen
 
     def close(self) -> None:
         self.graphs.reset()

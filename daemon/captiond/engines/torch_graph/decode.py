@@ -10,6 +10,11 @@ calls): the prompt minus its last token is the prefill; <|nospeech|> probability
 at the <|startoftranscript|> position; every step masks `suppress_ids`, the first step also
 `suppress_ids_begin`; log-probabilities are taken after masking; at most
 min(224, 448 - (len(prompt) - 1)) tokens are generated, <|endoftext|> included.
+
+Language detection is Whisper's (openai/whisper `detect_language`, CTranslate2's
+WhisperReplica::detect_language): one eager decoder step on [<|startoftranscript|>] against the
+encoded window, softmax over the language tokens' logits only. It runs before the prefill and
+leaves nothing the step reads: the real prefill rewrites the self-attention cache it touched.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ class GreedyDecoder:
         self.suppress_first = _mask(
             n_vocab, tokens.suppress_ids + tokens.suppress_ids_begin, device
         )
+        self.language_ids = torch.tensor(tokens.language_ids, dtype=torch.int64).to(device)
         rows = cache.max_batch
 
         def zeros(*shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
@@ -98,6 +104,14 @@ class GreedyDecoder:
     def encode(self, mel: torch.Tensor) -> None:
         """Batched encoder; its output lives only as the cross-attention cache."""
         self.model.decoder.write_cross(self.model.encoder(mel), self.cache)
+
+    def language_probs(self, n: int) -> torch.Tensor:
+        """[n, languages] float32: p(language) of the first n rows of the cross-attention cache,
+        in `tokens.language_ids` order (all other tokens masked out of the softmax)."""
+        sot = torch.full((n, 1), self.tokens.special.sot, dtype=torch.int64, device=self.device)
+        hidden = self.model.decoder.prefill(sot, self.cache)
+        logits = self.model.decoder.logits(hidden[:, 0])
+        return torch.softmax(logits.index_select(-1, self.language_ids), dim=-1)
 
     def prefill(self, plans: Sequence[PromptPlan], bucket: int) -> torch.Tensor:
         """Run the prompts, pick each row's first token, arm the step state; returns p(nospeech)."""

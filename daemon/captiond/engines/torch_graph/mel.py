@@ -68,11 +68,17 @@ class MelFrontend:
         )
         self.staged = torch.zeros((max_batch, STAGED_SAMPLES), dtype=torch.float32, device=device)
         self.frame_index = torch.arange(N_FRAMES + 2, device=device)
+        # Marks the end of the last host-to-device copy out of `staging`: a second call in one
+        # batch (language detection, then the decode window) must not overwrite the pinned
+        # buffer while the first copy may still be reading it.
+        self._staging_read: torch.cuda.Event | None = None
 
     def __call__(self, audios: Sequence[npt.NDArray[np.float32]]) -> torch.Tensor:
         """Clips longer than 30 s are cut to their first 30 s."""
         n = len(audios)
         n_valid = []
+        if self._staging_read is not None:
+            self._staging_read.synchronize()
         staging = self.staging.numpy()
         for row, audio in enumerate(audios):
             clip = np.asarray(audio[:WINDOW_SAMPLES], dtype=np.float32)
@@ -84,6 +90,9 @@ class MelFrontend:
             n_valid.append(valid_frames(clip.size))
         staged = self.staged[:n]
         staged.copy_(self.staging[:n], non_blocking=True)
+        if self.device.type == "cuda":
+            self._staging_read = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self._staging_read.record()
         return self._log_mel(staged, torch.tensor(n_valid).to(self.device, non_blocking=True))
 
     def _log_mel(self, staged: torch.Tensor, n_valid: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Whisper tokens for the torch_graph engine: special ids, prompts, suppression sets, decoding.
 
-Owns what faster-whisper decides around the model: the prompt (`get_prompt`), the suppressed
-tokens (`get_suppressed_tokens` with the default `suppress_tokens=[-1]`, plus config.json's
+Owns what faster-whisper decides around the model: the prompt (`get_prompt`, with language and
+task tokens on multilingual models), the language tokens detection scores, the suppressed tokens
+(`get_suppressed_tokens` with the default `suppress_tokens=[-1]`, plus config.json's
 `suppress_ids`, plus `suppress_ids_begin` on the first step) and text decoding. Runs on the engine
 thread; built once on the thread that builds the engine.
 """
@@ -21,6 +22,7 @@ from captiond.engines import fit_prompt
 # faster-whisper's `max_length`: prompt and generated tokens together.
 MAX_LENGTH = 448
 _MULTILINGUAL_MIN_VOCAB = 51865  # .en vocabularies have 51864 entries
+TASKS = ("transcribe", "translate")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,6 +105,15 @@ class WhisperTokens:
             translate=self._id("<|translate|>"),
         )
         self.special = special
+        # The language tokens, in CTranslate2's order (config.json's `lang_ids`; older
+        # conversions lack it: then every token between <|startoftranscript|> and <|translate|>).
+        lang_ids = config.get("lang_ids") or range(special.sot + 1, special.translate)
+        self.language_ids = tuple(int(i) for i in lang_ids)
+        self.language_codes = tuple(
+            str(self.tokenizer.id_to_token(i)).removeprefix("<|").removesuffix("|>")
+            for i in self.language_ids
+        )
+        self._language_id = dict(zip(self.language_codes, self.language_ids, strict=True))
         every_step = set(config.get("suppress_ids", ())) | _non_speech_tokens(self.tokenizer)
         every_step |= {
             special.transcribe,
@@ -132,8 +143,27 @@ class WhisperTokens:
     def _encode_text(self, text: str) -> list[int]:
         return self.encode(" " + text.strip()) if text.strip() else []
 
-    def prompt(self, previous_text: str, language: str | None, prefix: str = "") -> PromptPlan:
-        """The faster-whisper engine's prompt: get_prompt(without_timestamps=True) + prefix."""
+    def language_token(self, language: str) -> int:
+        """<|xx|> for a language code the model knows."""
+        found = self._language_id.get(language)
+        if found is None:
+            raise ValueError(f"the model knows no language {language!r}")
+        return found
+
+    def prompt(
+        self,
+        previous_text: str,
+        language: str | None,
+        prefix: str = "",
+        task: str = "transcribe",
+    ) -> PromptPlan:
+        """The faster-whisper engine's prompt: get_prompt(without_timestamps=True) + prefix.
+
+        Multilingual models get <|language|> (English when None) and the task token; English-only
+        models get neither (they only transcribe English).
+        """
+        if task not in TASKS:
+            raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
         previous, prefix_tokens = fit_prompt(
             self._encode_text(previous_text), self._encode_text(prefix)
         )
@@ -143,7 +173,8 @@ class WhisperTokens:
         sot_index = len(tokens)
         tokens.append(self.special.sot)
         if self.multilingual:
-            tokens += [self._id(f"<|{language or 'en'}|>"), self.special.transcribe]
+            task_token = self.special.translate if task == "translate" else self.special.transcribe
+            tokens += [self.language_token(language or "en"), task_token]
         tokens.append(self.special.no_timestamps)
         # CTranslate2 counts the forced prefix inside its decode length: the prefix leaves
         # min(224, 448 - (prompt length without prefix - 1)) - len(prefix) new tokens.
