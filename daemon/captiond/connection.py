@@ -134,6 +134,7 @@ class LiveStream:
         self._config = config
         self._submit = submit
         self._metrics = metrics
+        metrics.sessions_open.inc()  # until the stream is done (not while it is only held)
         self._done: Done | None = None
         self._dialect: Dialect = NativeDialect({})  # the attached connection's protocol
         self._send_lock = asyncio.Lock()  # one sender at a time: a resume's replay, or the pump
@@ -162,7 +163,7 @@ class LiveStream:
         """The daemon is stopping: end the input now; the finals still come, then the
         `shutting_down` error and 1001 (a journaled session can be taken back after the
         restart)."""
-        if self.error is None:
+        if self.error is None and not self.finished.is_set():
             self.error = ShuttingDownError("the daemon is stopping; reconnect to resume")
         self._end_input()
         self._release()
@@ -188,7 +189,8 @@ class LiveStream:
             self.error = SessionError("internal error")
         finally:
             self.finished.set()
-        if self.resume_key is None or self.detached_at_s is None or self.error is not None:
+            self._metrics.sessions_open.dec()
+        if self.resume_key is None or self.error is not None:
             self._release()
         await self.released.wait()
 
@@ -244,10 +246,13 @@ class LiveStream:
             return
         if self._conn is not conn:
             return
-        self._release()
         if self.error is not None:
+            self._release()
             await send_error(conn, self.error, dialect)
         else:
+            # `done` and the last finals may still be lost in flight: the session stays
+            # resumable for `resume_s` (its held finals only; the stream has ended).
+            self._linger()
             with contextlib.suppress(ConnectionClosed):
                 await conn.close(self.close_code)
 
@@ -269,6 +274,14 @@ class LiveStream:
         if self.resume_key is not None and not self.released.is_set():
             self._expiry = asyncio.get_running_loop().call_later(
                 self._config.resume_s, self._expire
+            )
+
+    def _linger(self) -> None:
+        if self.resume_key is None:
+            self._release()
+        elif not self.released.is_set():
+            self._expiry = asyncio.get_running_loop().call_later(
+                self._config.resume_s, self._release
             )
 
     def _expire(self) -> None:
