@@ -769,3 +769,92 @@ def test_no_partial_reaches_into_where_a_capped_utterance_may_be_cut() -> None:
     finals = {f.segment: f.text.split() for f in driver.of(Final)}
     for p in driver.of(Partial):
         assert finals[p.segment][: len(p.stable.split())] == p.stable.split()
+
+
+# -- languages ---------------------------------------------------------------------------------
+
+
+def detecting_decoder(spoken: list[str]) -> tuple[Decoder, list[EngineRequest]]:
+    """A multilingual engine's behaviour: the n-th utterance is in `spoken[n]` (told apart by
+    the utterance start each request is detected from); the hint wins as choose_language says
+    when the detection is unsure (here: never, the script is certain)."""
+    seen: list[EngineRequest] = []
+    starts: list[int] = []
+
+    def decode(request: EngineRequest) -> EngineResult:
+        seen.append(request)
+        result = fake_decoder()(request)
+        language = request.language
+        if language is None:
+            start = len(request.audio) - request.detect_from_sample
+            starts.append(start)
+            language = spoken[min(len(set(starts)) - 1, len(spoken) - 1)]
+        return dataclasses.replace(result, language=language, language_probability=0.99)
+
+    return decode, seen
+
+
+def test_auto_language_is_decided_once_per_utterance_and_shown() -> None:
+    decoder, seen = detecting_decoder(["de"])
+    driver = Driver(decoder, params=StreamParams(language="auto"), stream=NO_CONTEXT)
+    driver.send(silence(0.3))
+    driver.send(tone(3.0))
+    driver.send(silence(1.0))
+    driver.control(Control.END)
+    detecting = [r for r in seen if r.language is None]
+    assert len(detecting) == 1, "detected once, then decoded in that language"
+    assert len(detecting[0].audio) >= RATE  # not before `language_detect_s` of audio
+    assert {r.language for r in seen if r.language is not None} == {"de"}
+    shown = driver.of(Partial) + driver.of(Final)
+    assert shown and {m.language for m in shown} == {"de"}
+
+
+def test_a_language_change_starts_a_new_context() -> None:
+    """The second utterance is detected with the first one's language as the hint, and its
+    decodes do not continue the first one's (German) text as their prefix."""
+    decoder, seen = detecting_decoder(["de", "fr"])
+    driver = Driver(decoder, params=StreamParams(language="auto"))
+    driver.send(silence(0.3))
+    driver.send(tone(2.0))
+    driver.send(silence(1.0))
+    driver.send(tone(2.0))
+    driver.send(silence(1.0))
+    driver.control(Control.END)
+    finals = driver.of(Final)
+    assert [f.language for f in finals] == ["de", "fr"]
+    second = [r for r in seen if r.language == "fr" or r.language_hint == "de"]
+    assert second and all(r.language_hint == "de" for r in second)
+    french = [r for r in driver.requests if r.engine_request.language == "fr"]
+    assert french and all(r.engine_request.prefix == " ".join(r.forced_words) for r in french), (
+        "only the utterance's own stable words are forced, no German context"
+    )
+
+
+def test_fixed_language_and_translate_reach_the_engine() -> None:
+    decoder, seen = detecting_decoder(["es"])
+    driver = Driver(decoder, params=StreamParams(language="es", task="translate"))
+    driver.send(tone(2.0))
+    driver.send(silence(1.0))
+    driver.control(Control.END)
+    assert seen and all(r.language == "es" and r.task == "translate" for r in seen)
+    assert {f.language for f in driver.of(Final)} == {"es"}
+
+
+def test_an_utterance_without_speech_does_not_change_the_session_language() -> None:
+    """The speech gate answers a noise utterance (here: the quieter tone) without a language:
+    the session's language stays."""
+    decoder, seen = detecting_decoder(["de"])
+
+    def gated(request: EngineRequest) -> EngineResult:
+        if float(np.abs(request.audio).max()) < 0.07:
+            return EngineResult(text="")  # what GatedEngine returns for no speech
+        return decoder(request)
+
+    driver = Driver(gated, params=StreamParams(language="auto"), stream=NO_CONTEXT)
+    for amplitude in (0.1, 0.05, 0.1):
+        driver.send(tone(2.0, amplitude=amplitude))
+        driver.send(silence(1.0))
+    driver.control(Control.END)
+    hints = [r.language_hint for r in seen if r.language is None]
+    assert hints[-1] == "de", "the third utterance still leans on German"
+    assert [f.language for f in driver.of(Final) if f.text] == ["de", "de"]

@@ -59,6 +59,9 @@ _KEEP_BEHIND_MS = 2_000
 # What a partial asks the speech gate to look at: its newest audio, not the whole utterance
 # again (the final of an utterance that never showed speech looks at all of it).
 _PARTIAL_GATE_MS = 3_000
+# Audio an utterance's language is detected on once the session has a language to fall back
+# on (`language_detect_s` before that).
+_HINTED_DETECT_MS = 1_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,6 +154,7 @@ class StreamSession:
         # unless another one is detected with confidence (engines.choose_language).
         self._language: str | None = None if params.auto_language else params.language
         self._detect_samples = ms_to_samples(round(config.stream.language_detect_s * 1000))
+        self._detect_hinted_samples = min(self._detect_samples, ms_to_samples(_HINTED_DETECT_MS))
         self.state = SessionState.STREAMING
 
     # -- input -------------------------------------------------------------------------------
@@ -217,8 +221,9 @@ class StreamSession:
         if utt is not None and utt.index == request.utterance:
             if result.text.strip():
                 utt.speech_confirmed = True
-            if utt.language is None:
-                self._decide_language(utt, result.language or "en")
+            # A result without a language (the speech gate found no speech) decides nothing.
+            if utt.language is None and result.language is not None:
+                self._decide_language(utt, result.language)
         new = "" if self._is_hallucination(request, result) else result.text.strip()
         # The forced words stay as they were even if Whisper would have extended the last one
         # (a word split across the commit point): stable words are a promise.
@@ -305,11 +310,16 @@ class StreamSession:
                 self._open = None
                 self._outbox.append(SpeechStopped(end_ms=samples_to_ms(event.end_sample)))
 
+    @property
+    def _detect_samples_now(self) -> int:
+        """Audio an utterance needs before its language is decided (see StreamConfig)."""
+        return self._detect_hinted_samples if self._language else self._detect_samples
+
     def _partial_due(self, utt: _Utterance) -> bool:
         end = self._buffer.end_sample
         if end - utt.start_sample > self._partial_limit_samples:
             return False
-        if utt.language is None and end - utt.start_sample < self._detect_samples:
+        if utt.language is None and end - utt.start_sample < self._detect_samples_now:
             return False  # too little audio to tell its language: no partial yet
         since = end - max(utt.partial_end_sample, utt.start_sample)
         return since >= self._partial_interval_samples
@@ -426,7 +436,7 @@ class StreamSession:
                 start_sample=request.start_sample, end_sample=request.end_sample, text=decoded
             )
         )
-        self._language = utt.language
+        self._language = utt.language or self._language
         self._trim_buffer()
 
     def _maybe_done(self) -> None:
