@@ -13,20 +13,40 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPEECH_DIR = REPO_ROOT.parent / "shared" / "speech"
+SPEECH_MULTI_DIR = REPO_ROOT.parent / "shared" / "speech-multi"
+
+
+def _corpus(folder: Path) -> Path:
+    if not (folder / "manifest.jsonl").is_file():
+        missing_tool(f"real speech corpus not found at {folder} (it lives beside the repo)")
+    return folder
+
+
+def _manifest(folder: Path) -> list[dict[str, Any]]:
+    with (folder / "manifest.jsonl").open(encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
 
 
 @pytest.fixture(scope="session")
 def speech_dir() -> Path:
-    """The shared speech corpus; every test that needs real speech goes through here."""
-    if not (SPEECH_DIR / "manifest.jsonl").is_file():
-        pytest.skip(f"real speech corpus not found at {SPEECH_DIR} (it lives beside the repo)")
-    return SPEECH_DIR
+    """The shared English speech corpus; every test that needs real speech goes through here."""
+    return _corpus(SPEECH_DIR)
 
 
 @pytest.fixture(scope="session")
 def speech_manifest(speech_dir: Path) -> list[dict[str, Any]]:
-    with (speech_dir / "manifest.jsonl").open(encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    return _manifest(speech_dir)
+
+
+@pytest.fixture(scope="session")
+def speech_multi_dir() -> Path:
+    """The shared multilingual corpus (13 languages, `language` per clip)."""
+    return _corpus(SPEECH_MULTI_DIR)
+
+
+@pytest.fixture(scope="session")
+def speech_multi_manifest(speech_multi_dir: Path) -> list[dict[str, Any]]:
+    return _manifest(speech_multi_dir)
 
 
 def missing_tool(message: str) -> NoReturn:

@@ -1,10 +1,21 @@
-"""Word error rate with Whisper's English normaliser (pure functions, any thread)."""
+"""Word error rate with Whisper's English normaliser, and for other languages Whisper's basic
+normaliser, by characters for scripts without spaces (pure functions, any thread)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
+
+# Scored by characters: their words are not separated by spaces.
+CHARACTER_LANGUAGES = frozenset({"zh", "ja", "ko", "th", "lo", "my", "km"})
+
+
+@cache
+def _basic_normalizer() -> Any:
+    from whisper_normalizer.basic import BasicTextNormalizer
+
+    return BasicTextNormalizer()
 
 
 @cache
@@ -68,3 +79,14 @@ def align(reference: list[str], hypothesis: list[str]) -> WerCounts:
 def word_errors(reference: str, hypothesis: str) -> WerCounts:
     """Align normalised texts."""
     return align(normalize(reference), normalize(hypothesis))
+
+
+def language_errors(reference: str, hypothesis: str, language: str) -> WerCounts:
+    """WER for `language` (English: Whisper's English normaliser; others: its basic one), or
+    CER for languages written without spaces (Korean too: Whisper's own evaluations do)."""
+    if language == "en":
+        return word_errors(reference, hypothesis)
+    ref, hyp = _basic_normalizer()(reference), _basic_normalizer()(hypothesis)
+    if language in CHARACTER_LANGUAGES:
+        return align(list("".join(ref.split())), list("".join(hyp.split())))
+    return align(ref.split(), hyp.split())

@@ -1,0 +1,192 @@
+"""`captiond bench languages`: language identification and accuracy per language, streamed with
+`?language=auto` against faster-whisper on each whole clip with the language given.
+
+Main thread and its event loop; an in-process daemon (or --url) as in `bench stream`. Each clip
+of a multilingual corpus (`../shared/speech-multi`: manifest entries carry `language`) is one
+session, so each clip's first utterance is detected without a session language to lean on.
+Each clip is streamed twice: with `?language=auto`, for identification (clips of at least
+`--lid-min-s`; every confusion listed) and flaps (a segment whose partials and final do not all
+carry one language: must be 0); and with its language given, as the whole-file reference has
+it. Reported per language: the pooled WER (CER for languages without spaces) of both streams'
+finals and of the whole-file reference; `gap_points` compares like with like (language given),
+`gap_auto_points` adds the cost of identification.
+
+    captiond bench languages --manifest ../shared/speech-multi/manifest.jsonl --model base \\
+        --speed 4 --out bench/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections import Counter, defaultdict
+from typing import Any
+
+from captiond.bench import common
+from captiond.bench.metrics import Trace, final_text
+from captiond.bench.pacing import stream_native
+from captiond.bench.report import Progress, write_json
+from captiond.bench.wer import CHARACTER_LANGUAGES, WerCounts, language_errors
+from captiond.engines import resolve_engine_config
+from captiond.models import resolve_model
+
+_ZERO = WerCounts(substitutions=0, deletions=0, insertions=0, reference_words=0)
+
+
+def add_languages_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("languages", help="language identification and WER/CER per language")
+    common.add_options(p, default_clips="utterance")
+    p.add_argument(
+        "--lid-min-s", type=float, default=3.0, help="clips this long count for identification"
+    )
+    p.set_defaults(func=_bench_languages)
+
+
+def detected_language(messages: list[dict[str, Any]]) -> str | None:
+    """The clip's language as captioned: the language of most of its finals' audio."""
+    spoken: Counter[str] = Counter()
+    for m in messages:
+        if m["type"] == "final" and m.get("text") and m.get("language"):
+            spoken[m["language"]] += m["end_ms"] - m["start_ms"]
+    return spoken.most_common(1)[0][0] if spoken else None
+
+
+def flaps(messages: list[dict[str, Any]]) -> int:
+    """Segments shown in more than one language (partials and final together)."""
+    languages: defaultdict[int, set[str]] = defaultdict(set)
+    for m in messages:
+        if m["type"] in ("partial", "final") and m.get("language"):
+            languages[m["segment"]].add(m["language"])
+    return sum(len(seen) > 1 for seen in languages.values())
+
+
+def _languages(manifest: Any) -> dict[str, str]:
+    with manifest.open(encoding="utf-8") as fh:
+        return {e["id"]: e["language"] for e in map(json.loads, filter(str.strip, fh))}
+
+
+async def _stream_all(
+    args: argparse.Namespace, env: common.BenchEnv, languages: dict[str, str]
+) -> tuple[dict[str, Trace], dict[str, Trace]]:
+    """Every clip with ?language=auto, then with its own language."""
+    auto: dict[str, Trace] = {}
+    given: dict[str, Trace] = {}
+    progress = Progress("captiond", 2 * len(env.clips))
+    async with common.daemon_url(args, env) as (url, _):
+        for clip in env.clips:
+            for traces, language in ((auto, "auto"), (given, languages[clip.id])):
+                traces[clip.id] = await stream_native(
+                    f"{url}?language={language}", clip.samples, speed=args.speed
+                )
+                progress.step(f"{clip.id} {language}")
+    return auto, given
+
+
+def _whole_file(env: common.BenchEnv, languages: dict[str, str]) -> dict[str, str]:
+    from captiond.engines.faster_whisper import transcribe_whole_file
+
+    engine = resolve_engine_config(env.config.engine)
+    on_cpu = engine.name == "faster-whisper" and engine.device == "cpu"
+    model = resolve_model(env.config.engine.model)
+    progress = Progress("whole-file", len(env.clips))
+    texts = {}
+    for clip in env.clips:
+        texts[clip.id] = transcribe_whole_file(
+            model,
+            clip.samples,
+            device="cpu",
+            compute_type=engine.compute_type if on_cpu else "float32",
+            language=languages[clip.id],
+        )
+        progress.step(clip.id)
+    return texts
+
+
+def _bench_languages(args: argparse.Namespace) -> int:
+    env = common.prepare(args)
+    languages = _languages(env.manifest)
+    whole = _whole_file(env, languages)
+    traces, given = asyncio.run(_stream_all(args, env, languages))
+    clips: dict[str, Any] = {}
+    groups: defaultdict[str, dict[str, Any]] = defaultdict(
+        lambda: {"clips": 0, "lid_clips": 0, "lid_correct": 0, "confusions": [], "flaps": 0}
+    )
+    streamed_counts: defaultdict[str, WerCounts] = defaultdict(lambda: _ZERO)
+    auto_counts: defaultdict[str, WerCounts] = defaultdict(lambda: _ZERO)
+    whole_counts: defaultdict[str, WerCounts] = defaultdict(lambda: _ZERO)
+    for clip in env.clips:
+        language = languages[clip.id]
+        messages = traces[clip.id].messages
+        text = final_text(messages)
+        given_text = final_text(given[clip.id].messages)
+        detected = detected_language(messages)
+        auto = language_errors(clip.text, text, language)
+        streamed = language_errors(clip.text, given_text, language)
+        reference = language_errors(clip.text, whole[clip.id], language)
+        auto_counts[language] += auto
+        streamed_counts[language] += streamed
+        whole_counts[language] += reference
+        group = groups[language]
+        group["clips"] += 1
+        group["flaps"] += flaps(messages)
+        if clip.duration_s >= args.lid_min_s:
+            group["lid_clips"] += 1
+            group["lid_correct"] += detected == language
+            if detected != language:
+                group["confusions"].append({"clip": clip.id, "detected": detected})
+        clips[clip.id] = {
+            "language": language,
+            "detected": detected,
+            "duration_s": round(clip.duration_s, 2),
+            "text": given_text,
+            "auto_text": text,
+            "whole_file_text": whole[clip.id],
+            "error_rate": round(streamed.wer, 4),
+            "auto_error_rate": round(auto.wer, 4),
+            "whole_file_error_rate": round(reference.wer, 4),
+        }
+    per_language = {}
+    for language, group in sorted(groups.items()):
+        streamed_rate, whole_rate = streamed_counts[language].wer, whole_counts[language].wer
+        auto_rate = auto_counts[language].wer
+        per_language[language] = group | {
+            "metric": "cer" if language in CHARACTER_LANGUAGES else "wer",
+            "streamed": round(streamed_rate, 4),
+            "streamed_auto": round(auto_rate, 4),
+            "whole_file": round(whole_rate, 4),
+            "gap_points": round(100 * (streamed_rate - whole_rate), 2),
+            "gap_auto_points": round(100 * (auto_rate - whole_rate), 2),
+        }
+    lid_clips = sum(g["lid_clips"] for g in groups.values())
+    overall = {
+        "lid_accuracy": round(sum(g["lid_correct"] for g in groups.values()) / lid_clips, 4)
+        if lid_clips
+        else None,
+        "lid_clips": lid_clips,
+        "flaps": sum(g["flaps"] for g in groups.values()),
+        "languages_within_1_point": sum(g["gap_points"] <= 1.0 for g in per_language.values()),
+        "languages": len(per_language),
+    }
+    data = common.header(args, env, "languages") | {
+        "whole_file_settings": {"beam_size": 5, "temperature": 0.0, "language": "given"},
+        "per_language": per_language,
+        "overall": overall,
+        "clips": clips,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"languages-{data['machine']['host']}.json"
+    write_json(path, data)
+    print(
+        f"{'lang':<5} {'metric':<4} {'clips':>5} {'LID':>7} {'flaps':>5} {'given':>7} "
+        f"{'auto':>7} {'whole':>7} {'gap':>6} {'gap auto':>8}"
+    )
+    for language, g in per_language.items():
+        lid = f"{g['lid_correct']}/{g['lid_clips']}"
+        print(
+            f"{language:<5} {g['metric']:<4} {g['clips']:>5} {lid:>7} {g['flaps']:>5} "
+            f"{100 * g['streamed']:>6.1f}% {100 * g['streamed_auto']:>6.1f}% "
+            f"{100 * g['whole_file']:>6.1f}% {g['gap_points']:>+6.1f} {g['gap_auto_points']:>+8.1f}"
+        )
+    print(f"LID {overall['lid_accuracy']}, flaps {overall['flaps']}; wrote {path}")
+    return 0

