@@ -88,9 +88,11 @@ class StreamConfig:
     partial_beam_size: int = 1
     # "auto": detected per utterance (Whisper's language probabilities, multilingual models).
     language: str = "en"
-    # With language "auto", an utterance's first decode waits for this much audio: its
-    # language is decided then, once (a shorter start is too little to tell).
-    language_detect_s: float = 1.0
+    # With language "auto", an utterance's language is decided once, by its first decode,
+    # which waits for this much audio while the session has no language yet (a second of
+    # speech is too little to tell: base then confuses Italian with Spanish and English); once
+    # it has one, 1 s is enough, since only a sure detection of another language switches.
+    language_detect_s: float = 3.0
     # Whisper's hallucination filter for finals.
     no_speech_threshold: float = 0.6
     logprob_threshold: float = -1.0
