@@ -145,7 +145,9 @@ class WhisperTokens:
 
     def language_token(self, language: str) -> int:
         """<|xx|> for a language code the model knows."""
-        found = self._language_id.get(language)
+        # The tokenizer's own token when config.json's ids disagree with it (random weights of
+        # a multilingual shape read with tiny.en's tokenizer, in `captiond bench engine`).
+        found = self._language_id.get(language) or self._optional_id(f"<|{language}|>")
         if found is None:
             raise ValueError(f"the model knows no language {language!r}")
         return found
