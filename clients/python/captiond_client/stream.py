@@ -212,7 +212,10 @@ class Stream:
                 end_bytes = int(message["end_ms"]) * self._bytes_per_s // 1000
                 self._covered = (self._session_base or 0) + end_bytes
                 self._on_message(self._continuous(message))
-                await conn.send(json.dumps({"type": "ack", "segment": segment}))
+                # The daemon may already be closing (`done` follows): a lost ack only means
+                # a longer replay after a resume, which `since` trims anyway.
+                with contextlib.suppress(ConnectionClosed):
+                    await conn.send(json.dumps({"type": "ack", "segment": segment}))
                 continue
             if kind == "error":
                 if message.get("code") in _RESUMABLE_ERRORS:
