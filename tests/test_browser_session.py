@@ -354,7 +354,11 @@ def test_viewer_reconnects_after_a_restart_and_shows_a_missing_microphone(
                 await page.navigate(page_url(first, "watch=room"))
                 await page.wait_for("state.dataset.state === 'watching'", "watching")
                 before = await finals_at_least(page, 2)
-            assert "Daemon restarting" in await notice(page)
+            # The source's own "stopped" may show first; the daemon's close follows it.
+            await page.wait_for(
+                "!notice.hidden && notice.textContent.includes('Daemon restarting')",
+                "the restarting notice",
+            )
             assert await page.evaluate("state.dataset.state") == "reconnecting"
             # Back, but its microphone is missing: said in the pill and a notice, never green.
             device = LoopingInput(bursts(), present=False)
