@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import os
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +22,7 @@ from captiond.scheduler import InferenceScheduler
 from captiond.server import Daemon
 from captiond.sources import AudioInput, microphone
 from captiond.vad import Vad, rms_dbfs
+from captiond.workers import WorkerPool
 
 RATE = 16_000
 
@@ -71,7 +74,34 @@ async def running_daemon(
         scheduler.stop()
 
 
-def url(daemon: Daemon, path: str = "/v1/stream", query: str = "") -> str:
+@contextlib.asynccontextmanager
+async def running_pool(
+    config: Config | None = None, workers: int = 2, engine: Engine | None = None
+) -> AsyncIterator[WorkerPool]:
+    """The multi-process daemon: the engine core in this process, `workers` worker processes
+    (with LoudnessVad, as `running_daemon`)."""
+    config = config or make_config()
+    config = dataclasses.replace(config, server=dataclasses.replace(config.server, workers=workers))
+    scheduler = InferenceScheduler(engine or FakeEngine(), config.scheduler)
+    scheduler.start()
+    tests = str(Path(__file__).parent)
+    pool = WorkerPool(
+        config,
+        scheduler,
+        worker_args=("--vad", "daemon_harness:LoudnessVad"),
+        worker_env={
+            "PYTHONPATH": os.pathsep.join(filter(None, (tests, os.environ.get("PYTHONPATH"))))
+        },
+    )
+    await pool.start()
+    try:
+        yield pool
+    finally:
+        await pool.shutdown()
+        scheduler.stop()
+
+
+def url(daemon: Daemon | WorkerPool, path: str = "/v1/stream", query: str = "") -> str:
     return f"ws://127.0.0.1:{daemon.port}{path}{'?' + query if query else ''}"
 
 

@@ -14,6 +14,7 @@ import logging
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -84,6 +85,11 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="listen port (default 8765; 0 picks a free one)")
     p.add_argument("--max-sessions", type=int, help="concurrent stream limit (default 64)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="processes serving websockets and VAD; the engine stays in this one (default 1)",
+    )
     p.add_argument("--tls-cert", help="PEM certificate: serve wss:// and https://")
     p.add_argument("--tls-key", help="PEM private key for --tls-cert")
     p.add_argument(
@@ -120,6 +126,7 @@ def _serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         max_sessions=args.max_sessions,
+        workers=args.workers,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
     )
@@ -127,9 +134,15 @@ def _serve(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_toml(config), end="")
         return 0
+    from captiond.metrics import share_across_processes
     from captiond.scheduler import InferenceScheduler
-    from captiond.server import Daemon, run_daemon
-    from captiond.systemd import Notifier, supervise
+
+    metrics_dir: Path | None = None
+    if config.server.workers > 1:
+        # Before the engine's metrics exist: the workers' /metrics shows them too.
+        metrics_dir = Path(tempfile.mkdtemp(prefix="captiond-metrics-"))
+        share_across_processes(metrics_dir)
+    from captiond.systemd import Notifier, Supervised, supervise
 
     scheduler = InferenceScheduler(_load_warm_engine(config), config.scheduler)
     scheduler.start()
@@ -140,14 +153,26 @@ def _serve(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        supervisor: list[asyncio.Task[None]] = []
+        daemon: Supervised
+        if metrics_dir is None:
+            from captiond.server import Daemon
 
-        async def ready(daemon: Daemon) -> None:
-            log.info("ready: ws://%s:%d/v1/stream", config.server.host, daemon.port)
-            supervisor.append(asyncio.create_task(supervise(daemon, notifier, stop)))
+            daemon = single = Daemon(config, scheduler)
+            await single.start()
+            port = single.port
+        else:
+            from captiond.workers import WorkerPool
 
-        await run_daemon(config, scheduler, on_ready=ready, stop=stop)
-        await asyncio.gather(*supervisor)
+            daemon = pool = WorkerPool(config, scheduler, metrics_dir=metrics_dir)
+            await pool.start()
+            port = pool.port
+        log.info("ready: ws://%s:%d/v1/stream", config.server.host, port)
+        supervisor = asyncio.create_task(supervise(daemon, notifier, stop))
+        try:
+            await stop.wait()
+        finally:
+            await daemon.shutdown()
+            await supervisor
         log.info("stopped")
 
     try:
@@ -156,6 +181,8 @@ def _serve(args: argparse.Namespace) -> int:
         notifier.close()
         scheduler.stop()
         scheduler.engine.close()
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
 
 

@@ -48,6 +48,10 @@ class ServerConfig:
     # resumable this long with its `resume_token`: finals the client did not acknowledge are
     # replayed and the stream continues. 0: a dropped connection ends its session.
     resume_s: float = 60.0
+    # Processes that serve websockets and run VAD (workers.py); the engine stays in the main
+    # process. 1: everything in one process (small machines). Session and per-IP limits are
+    # split evenly over the workers.
+    workers: int = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -262,6 +266,7 @@ def _check_journal(journal: JournalConfig) -> None:
 
 # A detached session holds up to `context_s` of audio: a day is plenty for any dropped meeting.
 _MAX_RESUME_S = 86_400.0
+_MAX_WORKERS = 64
 
 
 def _check_server(server: ServerConfig) -> None:
@@ -272,6 +277,15 @@ def _check_server(server: ServerConfig) -> None:
         raise ConfigError("[server] audio_burst_s must be >= 0 and max_sessions_per_ip >= 1")
     if not 0 <= server.resume_s <= _MAX_RESUME_S:
         raise ConfigError(f"[server] resume_s must be between 0 and {_MAX_RESUME_S:g}")
+    if not 1 <= server.workers <= _MAX_WORKERS:
+        raise ConfigError(f"[server] workers must be between 1 and {_MAX_WORKERS}")
+    if server.workers > 1 and server.tls_cert:
+        # The main process routes each connection by its request line (resume tokens, viewers),
+        # which it cannot read inside TLS.
+        raise ConfigError(
+            "[server] workers > 1 needs plain ws: terminate TLS in front of captiond "
+            "(a reverse proxy) or set workers = 1"
+        )
     for origin in server.allowed_origins:
         if origin != "*" and not _is_origin(origin):
             raise ConfigError(

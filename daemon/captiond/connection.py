@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection
@@ -29,7 +29,6 @@ from captiond import SAMPLE_RATE_HZ
 from captiond.config import ServerConfig
 from captiond.dialects import Dialect
 from captiond.dialects.native import NativeDialect
-from captiond.engines import EngineRequest, EngineResult
 from captiond.errors import (
     BadMessageError,
     FrameTooLargeError,
@@ -51,7 +50,7 @@ from captiond.protocol import (
     ServerMessage,
 )
 from captiond.resume import HeldFinals, ResumeKey
-from captiond.scheduler import drive_session
+from captiond.scheduler import Submit, drive_session
 from captiond.session import SessionState, StreamSession
 
 log = logging.getLogger(__name__)
@@ -113,7 +112,7 @@ class LiveStream:
         session_id: str,
         session: StreamSession,
         config: ServerConfig,
-        submit: Callable[[EngineRequest], Awaitable[EngineResult]],
+        submit: Submit,
         metrics: Metrics,
         journal: SessionJournal | None,
         resume_key: ResumeKey | None,

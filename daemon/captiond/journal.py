@@ -52,9 +52,10 @@ def _line(record: dict[str, Any]) -> bytes:
     return (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
 
-def open_journal(config: JournalConfig) -> Journal | None:
-    """The journal `config` asks for (not started), or None when `dir` is empty."""
-    return Journal(config) if config.dir else None
+def open_journal(config: JournalConfig, *, retain: bool = True) -> Journal | None:
+    """The journal `config` asks for (not started), or None when `dir` is empty. `retain`:
+    this process applies retention (one of several processes sharing the folder does)."""
+    return Journal(config, retain=retain) if config.dir else None
 
 
 @dataclass(eq=False, slots=True)
@@ -81,8 +82,9 @@ class _Item:
 class Journal:
     """The journal folder and its writer thread; `open_session` once per client session."""
 
-    def __init__(self, config: JournalConfig) -> None:
+    def __init__(self, config: JournalConfig, *, retain: bool = True) -> None:
         self._config = config
+        self._retains = retain
         self._dir = Path(config.dir)
         self._queue: list[_Item] = []
         self._cond = threading.Condition()
@@ -247,6 +249,8 @@ class Journal:
 
     def _retain(self) -> None:
         """Delete files older than max_age_days, then the oldest while over max_total_bytes."""
+        if not self._retains:
+            return
         busy = {t.path for t in self._open}
         files: list[tuple[float, str, Path, int]] = []
         for entry in os.scandir(self._dir):

@@ -1,11 +1,16 @@
 """The daemon's Prometheus metrics (prometheus_client), served at /metrics.
 
 One `Metrics` per scheduler and daemon, with its own registry (tests run several daemons in one
-process). The event-loop thread records sessions, audio, latencies and closes; the engine thread
-records batches, queue wait and engine time (prometheus_client's metrics are thread-safe).
+process). With worker processes (workers.py) every process also writes prometheus_client's
+multiprocess files into $PROMETHEUS_MULTIPROC_DIR, and `render` adds all of them up. The
+event-loop thread records sessions, audio, latencies and closes; the engine thread records
+batches, queue wait and engine time (prometheus_client's metrics are thread-safe).
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -14,6 +19,7 @@ from prometheus_client import (
     Gauge,
     Histogram,
     generate_latest,
+    values,
 )
 
 # Latency buckets in seconds: from a fast GPU partial to an overloaded CPU.
@@ -25,7 +31,12 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.sessions_open = Gauge("captiond_sessions_open", "Open stream sessions", registry=r)
+        self.sessions_open = Gauge(
+            "captiond_sessions_open",
+            "Open stream sessions",
+            registry=r,
+            multiprocess_mode="livesum",  # with workers: the sum over the live ones
+        )
         self.sessions = Counter("captiond_sessions", "Stream sessions opened", registry=r)
         self.refused = Counter(
             "captiond_refused",
@@ -72,4 +83,18 @@ class Metrics:
 
     def render(self) -> tuple[str, str]:
         """The exposition text and its content type."""
-        return generate_latest(self.registry).decode(), CONTENT_TYPE_LATEST
+        registry = self.registry
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            from prometheus_client import multiprocess
+
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return generate_latest(registry).decode(), CONTENT_TYPE_LATEST
+
+
+def share_across_processes(folder: Path) -> None:
+    """Metrics created in this process from now on are also written to `folder`, where the
+    workers' /metrics adds them up (prometheus_client's multiprocess mode, which it otherwise
+    only picks at import time)."""
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
+    values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]

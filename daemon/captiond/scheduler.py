@@ -1,5 +1,8 @@
 """InferenceScheduler: every session's decode requests, batched through one engine thread.
 
+`Decoder` is what the daemon decodes through: this scheduler when the engine is in the same
+process, or `remote.EngineClient` in a worker process (workers.py).
+
 Two sides. The asyncio side (`submit`, event-loop thread) queues a request with a future and
 awaits it. The engine thread (the only thread that touches the engine, its model and any CUDA
 context) takes finals first, then partials, oldest first, up to `max_batch`, waiting at most
@@ -16,13 +19,16 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from itertools import count
-from typing import Any
+from typing import Any, Protocol
 
 from captiond.config import SchedulerConfig
-from captiond.engines import DecodeKind, Engine, EngineRequest, EngineResult
+from captiond.engines import DecodeKind, Engine, EngineInfo, EngineRequest, EngineResult
 from captiond.errors import EngineFailedError
 from captiond.metrics import Metrics
-from captiond.session import StreamSession
+from captiond.session import DecodeRequest, StreamSession
+
+# One stream's way to the engine: its decode requests in, their results out.
+Submit = Callable[[DecodeRequest], Awaitable[EngineResult]]
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +48,31 @@ class SchedulerStats:
     heartbeat_monotonic: float = field(default_factory=time.monotonic)
 
 
+class Decoder(Protocol):
+    """The engine as the daemon sees it (event-loop thread): its facts, its heartbeat, and a
+    `Submit` per stream. `key` names the stream so that a remote engine can keep its audio."""
+
+    @property
+    def engine_info(self) -> EngineInfo: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    @property
+    def stats(self) -> SchedulerStats: ...
+
+    def stream(self, key: str) -> Submit: ...
+
+    def forget(self, key: str) -> None:
+        """The stream is over: whatever is kept for it can go."""
+
+
 class InferenceScheduler:
     def __init__(
         self, engine: Engine, config: SchedulerConfig, metrics: Metrics | None = None
     ) -> None:
         self._engine = engine
+        self.engine_info = EngineInfo.of(engine)
         self.metrics = metrics or Metrics()
         self._max_batch = max(1, config.max_batch or engine.max_batch)
         self._max_wait_s = config.max_wait_ms / 1000
@@ -63,6 +89,17 @@ class InferenceScheduler:
 
     def start(self) -> None:
         self._thread.start()
+
+    def stream(self, key: str) -> Submit:
+        """In this process the request carries its audio: nothing is kept per stream."""
+
+        async def submit(request: DecodeRequest) -> EngineResult:
+            return await self.submit(request.engine_request)
+
+        return submit
+
+    def forget(self, key: str) -> None:
+        """Nothing is kept per stream."""
 
     def stop(self) -> None:
         """Finish the batch in progress, fail what is still queued, and join the thread."""
@@ -136,7 +173,7 @@ class InferenceScheduler:
 
 async def drive_session(
     session: StreamSession,
-    submit: Callable[[EngineRequest], Awaitable[EngineResult]],
+    submit: Submit,
     wake: asyncio.Event,
     deliver: Callable[[], Awaitable[None]],
 ) -> None:
@@ -150,7 +187,7 @@ async def drive_session(
             wake.clear()
             await wake.wait()
             continue
-        decode = asyncio.ensure_future(submit(request.engine_request))
+        decode = asyncio.ensure_future(submit(request))
         try:
             partial = request.kind is DecodeKind.PARTIAL
             if partial and not await _unless_final_due(decode, session, wake):

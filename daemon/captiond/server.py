@@ -1,6 +1,9 @@
 """The websocket daemon: routing, one handler per connection, resume.
 
-A thin asyncio shell on the event-loop thread around the Sans-I/O StreamSession. Requests are
+A thin asyncio shell on the event-loop thread around the Sans-I/O StreamSession. It runs as the
+whole daemon (listening itself, the engine in the same process), or as one worker process of
+several (`slot` set: the main process hands it accepted connections, see workers.py, and its
+decodes go to the main process's engine core). Requests are
 checked before the upgrade (access.py: Origin, token); connections per IP and the session limit
 right after it. A stream's session lives in a LiveStream (connection.py: reader, pump, journal,
 limits, close codes) that outlives its connection: this module opens it, gives it back to a
@@ -15,15 +18,18 @@ import contextlib
 import dataclasses
 import http
 import logging
+import socket
 import ssl
+import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime
 from urllib.parse import parse_qsl, urlsplit
 
-from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.asyncio.server import Server, ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
+from websockets.server import ServerProtocol
 
 from captiond import SAMPLE_RATE_HZ
 from captiond.access import ConnectionsPerIp, check_origin, check_token
@@ -53,7 +59,8 @@ from captiond.protocol import (
     parse_since,
 )
 from captiond.resume import MAX_HELD_FINALS, ResumeKey, session_of_token
-from captiond.scheduler import InferenceScheduler
+from captiond.routing import WorkerSlot
+from captiond.scheduler import Decoder
 from captiond.session import SessionState, StreamOrigin, StreamSession
 from captiond.sources import AudioInput, daemon_sources, microphone
 from captiond.vad import Vad, webrtc_vad
@@ -71,29 +78,67 @@ _HARD_LIMIT_FACTOR = 4
 _MAX_QUEUE_FRAMES = 4
 # How long a closing handshake may take before the connection is dropped.
 _CLOSE_TIMEOUT_S = 2.0
+# How long the opening handshake (TLS included) may take.
+_OPEN_TIMEOUT_S = 10.0
+# Websocket keepalive pings, and how long a pong may take before the connection is dropped.
+_PING_INTERVAL_S = 20.0
+_PING_TIMEOUT_S = 20.0
+
+
+class _HandedServer(Server):
+    """A worker's server: it never listens, connections are handed to it, so it serves (answers
+    handshakes) until it is closed."""
+
+    def is_serving(self) -> bool:
+        return self.close_task is None
 
 
 class Daemon:
-    """Serves protocol v1 with one scheduler and engine shared by every session."""
+    """Serves every endpoint with one decoder (engine) shared by every session."""
 
     def __init__(
         self,
         config: Config,
-        scheduler: InferenceScheduler,
+        decoder: Decoder,
         vad_factory: Callable[[], Vad] | None = None,
         audio_input: AudioInput = microphone,
+        *,
+        slot: WorkerSlot | None = None,
     ) -> None:
         self.config = config
-        self.scheduler = scheduler
+        self.decoder = decoder
+        self._slot = slot
         self._vad_factory = vad_factory or (lambda: webrtc_vad(config.vad.aggressiveness))
-        self.sources = daemon_sources(config, scheduler, self._vad_factory, audio_input)
+        self.sources = (
+            daemon_sources(config, decoder, self._vad_factory, audio_input)
+            if slot is None or slot.runs_sources
+            else {}
+        )
         self._live: dict[str, LiveStream] = {}  # by session id, detached ones too
         self._tasks: set[asyncio.Task[None]] = set()
-        self._per_ip = ConnectionsPerIp(config.server.max_sessions_per_ip)
-        self._journal: Journal | None = open_journal(config.journal)
-        self.metrics: Metrics = scheduler.metrics
+        self._max_sessions = self._share(config.server.max_sessions)
+        self._per_ip = ConnectionsPerIp(self._share(config.server.max_sessions_per_ip))
+        # Every worker writes its own sessions' files; one of them applies retention.
+        self._journal: Journal | None = open_journal(
+            config.journal, retain=slot is None or slot.index == 0
+        )
+        self.metrics: Metrics = decoder.metrics
         self._server: Server | None = None
         self.sessions_total = 0
+
+    def _share(self, limit: int) -> int:
+        return self._slot.share(limit) if self._slot else limit
+
+    def status_line(self) -> str:
+        """One line for systemd's STATUS=."""
+        sources = ", ".join(
+            f"{s.name} {s.state} ({s.broadcast.viewers} viewers)" for s in self.sources.values()
+        )
+        line = f"{self.sessions_open} streams open, {self.sessions_total} served"
+        return f"{line}; sources: {sources}" if sources else line
+
+    def healthy(self, within_s: float) -> bool:
+        return time.monotonic() - self.decoder.stats.heartbeat_monotonic < within_s
 
     @property
     def sessions_open(self) -> int:
@@ -108,24 +153,64 @@ class Daemon:
         return port
 
     async def start(self) -> None:
+        """Listen (a worker only takes connections handed to `adopt`) and start the sources."""
         cfg = self.config.server
         if self._journal is not None:
             self._journal.start()
-        self._server = await serve(
+        # websockets' documented way to a server with our own connection factory: a Server,
+        # a factory that refers to it, and the asyncio server it wraps.
+        self._server = (Server if self._slot is None else _HandedServer)(
             self._handle,
-            cfg.host,
-            cfg.port,
             process_request=self._process_request,
-            create_connection=AnsweringConnection,
-            max_size=cfg.max_frame_bytes * _HARD_LIMIT_FACTOR,
-            max_queue=_MAX_QUEUE_FRAMES,
-            close_timeout=_CLOSE_TIMEOUT_S,
-            ssl=self._ssl_context(),
             server_header="captiond",
+            open_timeout=_OPEN_TIMEOUT_S,
         )
-        log.info("listening on %s:%d", cfg.host, self.port)
+        loop = asyncio.get_running_loop()
+        listener: asyncio.Server
+        if self._slot is None:
+            tls = self._ssl_context()
+            listener = await loop.create_server(
+                self._new_connection,
+                cfg.host,
+                cfg.port,
+                ssl=tls,
+                ssl_handshake_timeout=_OPEN_TIMEOUT_S if tls else None,
+                ssl_shutdown_timeout=_CLOSE_TIMEOUT_S if tls else None,
+            )
+            self._server.wrap(listener)
+            log.info("listening on %s:%d", cfg.host, self.port)
+        else:
+            # Never listening: it only gives websockets' Server its close and wait_closed.
+            listener = await loop.create_unix_server(
+                self._new_connection, sock=socket.socket(socket.AF_UNIX), start_serving=False
+            )
+            self._server.wrap(listener)
         for source in self.sources.values():
             source.start(self._journal)
+
+    def _new_connection(self) -> AnsweringConnection:
+        assert self._server is not None
+        # No extensions: permessage-deflate would spend the event loop's time compressing
+        # audio frames that barely compress.
+        protocol = ServerProtocol(
+            max_size=self.config.server.max_frame_bytes * _HARD_LIMIT_FACTOR,
+            logger=self._server.logger,
+        )
+        return AnsweringConnection(
+            protocol,
+            self._server,
+            ping_interval=_PING_INTERVAL_S,
+            ping_timeout=_PING_TIMEOUT_S,
+            close_timeout=_CLOSE_TIMEOUT_S,
+            max_queue=_MAX_QUEUE_FRAMES,
+        )
+
+    async def adopt(self, sock: socket.socket) -> None:
+        """Serve a connection the main process accepted (worker mode)."""
+        if self._server is None or self._server.close_task is not None:
+            sock.close()  # stopping: the client reconnects to a running worker
+            return
+        await asyncio.get_running_loop().connect_accepted_socket(self._new_connection, sock)
 
     def _ssl_context(self) -> ssl.SSLContext | None:
         cfg = self.config.server
@@ -256,7 +341,7 @@ class Daemon:
         key: ResumeKey | None = None
         token: str | None = None
         if resumable and self.config.server.resume_s > 0:
-            key, token = ResumeKey.new(uuid.uuid4().hex[:12])
+            key, token = ResumeKey.new(self._new_session_id())
         live = self._open_stream(conn, params, resume_key=key)
         ready = self._ready(live, token)
         await live.serve(conn, dialect, lambda _: ready)
@@ -272,7 +357,7 @@ class Daemon:
         continues: str | None = None,
     ) -> LiveStream:
         """A new live stream (or one taken back from the journal), its pump started."""
-        if self.sessions_open >= self.config.server.max_sessions:
+        if self.sessions_open >= self._max_sessions:
             self.metrics.refused.labels(reason="session limit").inc()
             raise OverloadedError(
                 f"session limit reached ({self.config.server.max_sessions}); try again later"
@@ -280,8 +365,8 @@ class Daemon:
         session = StreamSession(
             config=self.config, vad=self._vad_factory(), params=params, origin=origin
         )
-        engine = self.scheduler.engine
-        session_id = resume_key.session if resume_key else uuid.uuid4().hex[:12]
+        engine = self.decoder.engine_info
+        session_id = resume_key.session if resume_key else self._new_session_id()
         journal = None
         if self._journal is not None:
             journal = self._journal.open_session(
@@ -302,7 +387,7 @@ class Daemon:
             session_id=session_id,
             session=session,
             config=self.config.server,
-            submit=self.scheduler.submit,
+            submit=self.decoder.stream(session_id),
             metrics=self.metrics,
             journal=journal,
             resume_key=resume_key,
@@ -316,8 +401,11 @@ class Daemon:
         task.add_done_callback(self._tasks.discard)
         return live
 
+    def _new_session_id(self) -> str:
+        return self._slot.new_session_id() if self._slot else uuid.uuid4().hex[:12]
+
     def _ready(self, live: LiveStream, token: str | None) -> Ready:
-        engine = self.scheduler.engine
+        engine = self.decoder.engine_info
         return Ready(
             session=live.id,
             sample_rate=SAMPLE_RATE_HZ,
@@ -338,6 +426,7 @@ class Daemon:
         finally:
             pump.cancel()
             del self._live[live.id]
+            self.decoder.forget(live.id)
 
     async def _ended(self, live: LiveStream, peer: str) -> None:
         code = live.final_code
@@ -449,20 +538,3 @@ class Daemon:
 def _peer(conn: ServerConnection) -> str:
     address = conn.remote_address
     return f"{address[0]}:{address[1]}" if address else "?"
-
-
-async def run_daemon(
-    config: Config,
-    scheduler: InferenceScheduler,
-    on_ready: Callable[[Daemon], Awaitable[None]] | None = None,
-    stop: asyncio.Event | None = None,
-) -> None:
-    """Serve until `stop` is set (forever when None), then shut down cleanly."""
-    daemon = Daemon(config, scheduler)
-    await daemon.start()
-    try:
-        if on_ready is not None:
-            await on_ready(daemon)
-        await (stop or asyncio.Event()).wait()
-    finally:
-        await daemon.shutdown()

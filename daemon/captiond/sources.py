@@ -21,12 +21,12 @@ from captiond import SAMPLE_RATE_HZ
 from captiond.audio import Resampler, Samples
 from captiond.broadcast import Broadcast
 from captiond.config import Config, SourceConfig
-from captiond.engines import EngineRequest, EngineResult
+from captiond.engines import EngineResult
 from captiond.errors import EngineFailedError
 from captiond.journal import Journal, JournalError, SessionJournal
 from captiond.protocol import Control, Done, Final, SourceStatus, StreamParams
-from captiond.scheduler import InferenceScheduler, drive_session
-from captiond.session import SessionState, StreamSession
+from captiond.scheduler import Decoder, drive_session
+from captiond.session import DecodeRequest, SessionState, StreamSession
 from captiond.vad import Vad
 
 log = logging.getLogger(__name__)
@@ -50,14 +50,14 @@ async def microphone(source: SourceConfig) -> AsyncIterator[tuple[int, Samples]]
 
 
 class DaemonSource:
-    """One source: capture → resample → its StreamSession → scheduler → broadcast."""
+    """One source: capture → resample → its StreamSession → decoder → broadcast."""
 
     def __init__(
         self,
         *,
         source: SourceConfig,
         config: Config,
-        scheduler: InferenceScheduler,
+        decoder: Decoder,
         vad: Vad,
         audio_input: AudioInput = microphone,
         retry_s: tuple[float, float] = (1.0, 30.0),
@@ -66,7 +66,7 @@ class DaemonSource:
         self.broadcast = Broadcast(backlog_finals=source.backlog_finals)
         self.state = STOPPED
         self._source = source
-        self._scheduler = scheduler
+        self._decoder = decoder
         self._audio_input = audio_input
         self._retry_s = retry_s
         self._session = StreamSession(
@@ -78,7 +78,7 @@ class DaemonSource:
 
     def start(self, journal: Journal | None = None) -> None:
         if journal is not None:
-            engine = self._scheduler.engine
+            engine = self._decoder.engine_info
             self._journal = journal.open_session(
                 session=uuid.uuid4().hex[:12],
                 peer="daemon",
@@ -166,9 +166,11 @@ class DaemonSource:
     async def _pump(self) -> None:
         """Run the session's decodes one at a time until it is done (after `stop`)."""
 
-        async def submit(request: EngineRequest) -> EngineResult:
+        decode = self._decoder.stream(f"source-{self.name}")
+
+        async def submit(request: DecodeRequest) -> EngineResult:
             try:
-                return await self._scheduler.submit(request)
+                return await decode(request)
             except EngineFailedError as exc:
                 log.error("source %s: decode failed, dropped: %s", self.name, exc)
                 return _NOTHING
@@ -178,7 +180,7 @@ class DaemonSource:
 
 def daemon_sources(
     config: Config,
-    scheduler: InferenceScheduler,
+    decoder: Decoder,
     vad_factory: Callable[[], Vad],
     audio_input: AudioInput = microphone,
 ) -> dict[str, DaemonSource]:
@@ -186,7 +188,7 @@ def daemon_sources(
         source.name: DaemonSource(
             source=source,
             config=config,
-            scheduler=scheduler,
+            decoder=decoder,
             vad=vad_factory(),
             audio_input=audio_input,
         )

@@ -2,7 +2,8 @@
 
 `supervise` is one task on the event-loop thread of `captiond serve`; a datagram to
 $NOTIFY_SOCKET never blocks. WATCHDOG=1 goes out at half the watchdog period, and only while the
-engine thread's heartbeat is fresh, so a hung engine gets the service restarted. The unit texts
+engine thread's heartbeat (with workers, every worker's too) is fresh, so a hung engine gets the
+service restarted. The unit texts
 are rendered here and nowhere else: the files in systemd/ are `captiond install-service --print`
 output (a test holds them equal).
 """
@@ -14,14 +15,10 @@ import contextlib
 import logging
 import os
 import socket
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from captiond.server import Daemon
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
@@ -68,18 +65,23 @@ class Notifier:
             self._socket = None
 
 
-def status_line(daemon: Daemon) -> str:
-    sources = ", ".join(
-        f"{s.name} {s.state} ({s.broadcast.viewers} viewers)" for s in daemon.sources.values()
-    )
-    line = f"{daemon.sessions_open} streams open, {daemon.sessions_total} served"
-    return f"{line}; sources: {sources}" if sources else line
+class Supervised(Protocol):
+    """What `supervise` reports on: the daemon, or the main process of several workers."""
+
+    def status_line(self) -> str: ...
+
+    def healthy(self, within_s: float) -> bool:
+        """The engine thread (and every worker) showed signs of life within `within_s`."""
+        ...
+
+    async def shutdown(self) -> None:
+        """Stop accepting, send every open stream's last finals, close."""
 
 
-async def supervise(daemon: Daemon, notifier: Notifier, stop: asyncio.Event) -> None:
+async def supervise(daemon: Supervised, notifier: Notifier, stop: asyncio.Event) -> None:
     """READY=1 now (call it once the engine is warm and the socket listens), then STATUS= on
-    change and WATCHDOG=1 while the engine's heartbeat is fresh; STOPPING=1 when `stop` is set."""
-    status = status_line(daemon)
+    change and WATCHDOG=1 while the daemon is healthy; STOPPING=1 when `stop` is set."""
+    status = daemon.status_line()
     notifier.send("READY=1", f"STATUS={status}")
     watchdog_s = notifier.watchdog_s
     period_s = watchdog_s / 2 if watchdog_s else STATUS_EVERY_S
@@ -89,15 +91,14 @@ async def supervise(daemon: Daemon, notifier: Notifier, stop: asyncio.Event) -> 
         if stop.is_set():
             break
         update = []
-        if (new := status_line(daemon)) != status:
+        if (new := daemon.status_line()) != status:
             status = new
             update.append(f"STATUS={status}")
         if watchdog_s:
-            age_s = time.monotonic() - daemon.scheduler.stats.heartbeat_monotonic
-            if age_s < watchdog_s:
+            if daemon.healthy(watchdog_s):
                 update.append("WATCHDOG=1")
             else:
-                log.error("engine thread silent for %.1f s: withholding the watchdog ping", age_s)
+                log.error("the engine or a worker is silent: withholding the watchdog ping")
         if update:
             notifier.send(*update)
     notifier.send("STOPPING=1", "STATUS=finalizing open sessions and shutting down")

@@ -106,6 +106,20 @@ class Engine(Protocol):
         """Release the model (device memory, threads)."""
 
 
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """What the daemon says about its engine (`ready`, journal, metrics), in any process."""
+
+    name: str
+    model_name: str
+    multilingual: bool
+    max_batch: int
+
+    @classmethod
+    def of(cls, engine: Engine) -> EngineInfo:
+        return cls(engine.name, engine.model_name, engine.multilingual, engine.max_batch)
+
+
 def fit_prompt(previous: Sequence[int], prefix: Sequence[int]) -> tuple[list[int], list[int]]:
     """Previous-text and prefix tokens cut to Whisper's prompt budget, the same in every engine.
 

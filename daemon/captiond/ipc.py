@@ -1,0 +1,162 @@
+"""The link between a worker process and the engine core: its messages, their framing, and the
+rule that moves each stream's audio to the engine process once.
+
+Both ends run on their process's event-loop thread and were created by the main process as a
+socket pair (workers.py), so the peer is always our own code: messages are pickles behind a
+4-byte length. A worker sends `Decode` (the window's new audio only, see `AudioSpan`),
+`Cancel`, `Forget` and `Status` (once a second: its heartbeat and counters); the core sends
+`Hello` once, then `Result` per decode it was not told to cancel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from captiond import SAMPLE_RATE_HZ
+from captiond.engines import EngineInfo, EngineRequest, EngineResult
+
+_LENGTH = struct.Struct("!I")
+# The biggest message is a Decode with a whole 30-s window of float32 audio (1.9 MB).
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# The engine process keeps this much of a stream's newest audio: no window reaches further back.
+KEEP_SAMPLES = 30 * SAMPLE_RATE_HZ
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    engine: EngineInfo
+
+
+@dataclass(frozen=True, slots=True)
+class Decode:
+    """Decode the window of `stream` that ends at `end_sample` and is `window_samples` long.
+    `audio` is what the engine process lacks of it, from `audio_from_sample` on; `request` is
+    the engine request without its audio."""
+
+    call: int
+    stream: str
+    end_sample: int
+    window_samples: int
+    audio_from_sample: int
+    audio: npt.NDArray[np.float32]
+    request: EngineRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    call: int
+
+
+@dataclass(frozen=True, slots=True)
+class Forget:
+    stream: str
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    call: int
+    result: EngineResult | None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    pid: int
+    sessions_open: int
+    sessions_total: int
+
+
+Message = Hello | Decode | Cancel | Forget | Result | Status
+
+
+def write(writer: asyncio.StreamWriter, message: Message) -> None:
+    """Queue one message (the transport buffers it; never blocks)."""
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    writer.write(_LENGTH.pack(len(body)) + body)
+
+
+async def read(reader: asyncio.StreamReader) -> Message | None:
+    """The next message, or None when the other process has gone."""
+    try:
+        (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+        if length > MAX_MESSAGE_BYTES:
+            raise ValueError(f"message of {length} bytes")
+        message: Message = pickle.loads(await reader.readexactly(length))
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
+    return message
+
+
+@dataclass(slots=True)
+class AudioSpan:
+    """The stream samples [start, end) the engine process holds. The worker keeps one per
+    stream to know what to send; the core applies the same `advance` to its copy, so both
+    always agree without a reply."""
+
+    start: int = 0
+    end: int = 0
+
+    def send_from(self, window_start: int, window_end: int) -> int:
+        """The first sample of the window the engine process lacks (`window_end`: none).
+        A window that starts before what is held, or after a gap, is sent whole."""
+        if self.start <= window_start and window_end <= self.end:
+            return window_end
+        if self.start <= window_start <= self.end < window_end:
+            return self.end
+        return window_start
+
+    def advance(self, from_sample: int, end_sample: int) -> None:
+        """Samples [from_sample, end_sample) were sent: appended when they continue what is
+        held, else they replace it; only the newest KEEP_SAMPLES stay."""
+        if from_sample != self.end:
+            self.start = from_sample
+        self.end = end_sample
+        self.start = max(self.start, self.end - KEEP_SAMPLES)
+
+
+class AudioCopy:
+    """The engine process's copy of one stream's newest audio (event-loop thread of the main
+    process): appended in place, compacted when its array is full."""
+
+    def __init__(self) -> None:
+        self.span = AudioSpan()
+        self._data = np.zeros(0, np.float32)
+        self._fill = 0  # self._data[:self._fill] ends at span.end; its newest part is held
+
+    def put(self, from_sample: int, samples: npt.NDArray[np.float32]) -> None:
+        if not samples.size:
+            return
+        if from_sample != self.span.end:
+            self._fill = 0  # a new stretch replaces what was held
+        self.span.advance(from_sample, from_sample + len(samples))
+        held = self.span.end - self.span.start
+        samples = samples[len(samples) - min(len(samples), held) :]
+        old = held - len(samples)  # earlier samples still held: the newest of self._data
+        if self._fill + len(samples) > len(self._data):
+            # Move what is held to the front of an array with room to grow (amortised).
+            grown = np.empty(2 * held, np.float32)
+            grown[:old] = self._data[self._fill - old : self._fill]
+            self._data, self._fill = grown, old
+        self._data[self._fill : self._fill + len(samples)] = samples
+        self._fill += len(samples)
+
+    @property
+    def _offset(self) -> int:
+        """The stream sample at self._data[0]."""
+        return self.span.end - self._fill
+
+    def window(self, start_sample: int, end_sample: int) -> npt.NDArray[np.float32]:
+        """A copy of samples [start, end): the engine thread reads it while this keeps taking
+        audio."""
+        if start_sample < self.span.start or end_sample > self.span.end:
+            raise ValueError(
+                f"window [{start_sample}, {end_sample}) outside the copy "
+                f"[{self.span.start}, {self.span.end})"
+            )
+        return self._data[start_sample - self._offset : end_sample - self._offset].copy()

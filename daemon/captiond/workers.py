@@ -1,0 +1,354 @@
+"""WorkerPool: the main process of `captiond serve` with `[server] workers` > 1.
+
+One Python process is bounded by its GIL: websocket framing, VAD and session logic for many
+streams leave the engine thread waiting. So the main process keeps only what must be one: the
+engine (the InferenceScheduler and its engine thread, behind `engine_core.EngineCore`) and the
+listening socket. N worker processes (`python -m captiond.worker`, worker.py) each run a
+`Daemon` for their share of the connections.
+
+All of this runs on the main process's event-loop thread:
+- accept each connection, read its request line without consuming it (MSG_PEEK), pick the
+  worker by routing.py's rules, and pass the socket over the worker's `ctrl` socket pair
+  (SCM_RIGHTS): the worker's websockets reads the request as if it had accepted it;
+- serve every worker's decodes over its `link` socket pair (engine_core.py);
+- restart a worker that exits, or that stops reporting for `_SILENT_S` (killed first): only
+  its own sessions are lost, clients resume or reconnect;
+- on shutdown, stop accepting, ask every worker to drain (SIGTERM: last finals, then 1001) and
+  wait for them, and only then let the engine stop.
+Metrics: every process writes prometheus_client's multiprocess files into one folder, and a
+worker's /metrics adds them up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from captiond import ipc
+from captiond.config import Config, dump_toml
+from captiond.engine_core import EngineCore
+from captiond.errors import CaptiondError
+from captiond.routing import MAX_REQUEST_LINE_BYTES, request_target, worker_for
+from captiond.scheduler import InferenceScheduler
+
+log = logging.getLogger(__name__)
+
+# A worker imports numpy, websockets and webrtcvad and opens its journal before it is ready.
+_READY_TIMEOUT_S = 60.0
+# A worker reports once a second; one silent this long is hung (or starved) and is replaced.
+_SILENT_S = 15.0
+# A connection that has not sent its request line by then is closed, as websockets would.
+_REQUEST_LINE_TIMEOUT_S = 10.0
+# How long a connection for a worker that is restarting waits for it.
+_WORKER_BACK_S = 10.0
+# Between restarts of a worker that keeps failing: first, then doubling up to the second.
+_RESTART_BACKOFF_S = (0.5, 30.0)
+# A worker that ran this long before it failed starts again without delay.
+_STABLE_S = 60.0
+# After the drain timeout, how long workers get to close before they are killed.
+_EXIT_GRACE_S = 5.0
+# The environment of the daemon's own supervisor: the workers must not speak to systemd.
+_NOT_FOR_WORKERS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID")
+
+
+@dataclass(eq=False)
+class _Worker:
+    index: int
+    process: asyncio.subprocess.Process | None = None
+    ctrl: socket.socket | None = None  # connections go to the worker through this
+    link: asyncio.Task[None] | None = None  # the engine core serving its decodes
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    status: ipc.Status | None = None
+    seen_monotonic: float = 0.0
+    started_monotonic: float = 0.0
+    backoff_s: float = _RESTART_BACKOFF_S[0]
+
+
+class WorkerPool:
+    def __init__(
+        self,
+        config: Config,
+        scheduler: InferenceScheduler,
+        *,
+        metrics_dir: Path | None = None,
+        worker_args: Sequence[str] = (),
+        worker_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self._core = EngineCore(scheduler)
+        # The workers' metrics; this process's own only when the caller set the variable
+        # before importing prometheus_client (see cli.py).
+        self._own_metrics_dir = metrics_dir is None
+        self._metrics_dir = metrics_dir or Path(tempfile.mkdtemp(prefix="captiond-metrics-"))
+        self._worker_args = tuple(worker_args)
+        self._worker_env = dict(worker_env or {})
+        self._workers = [_Worker(i) for i in range(config.server.workers)]
+        self._listener: socket.socket | None = None
+        self._turn = 0
+        self._stopping = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.restarts = 0
+
+    @property
+    def port(self) -> int:
+        assert self._listener is not None, "not started"
+        port: int = self._listener.getsockname()[1]
+        return port
+
+    @property
+    def pids(self) -> list[int]:
+        """This process and every running worker."""
+        running = [w.process for w in self._workers if w.process is not None]
+        return [os.getpid()] + [p.pid for p in running if p.returncode is None]
+
+    async def start(self) -> None:
+        """Listen, start every worker and wait until each is ready."""
+        cfg = self.config.server
+        self._listener = socket.create_server((cfg.host, cfg.port), backlog=4096)
+        self._listener.setblocking(False)
+        for worker in self._workers:
+            await self._spawn(worker)
+        try:
+            async with asyncio.timeout(_READY_TIMEOUT_S):
+                await asyncio.gather(*(w.ready.wait() for w in self._workers))
+        except TimeoutError:
+            await self.shutdown()
+            raise CaptiondError(
+                f"worker processes did not start within {_READY_TIMEOUT_S:g} s"
+            ) from None
+        asyncio.get_running_loop().add_reader(self._listener.fileno(), self._accept)
+        self._spawn_task(self._watch_silence())
+        log.info("listening on %s:%d with %d workers", cfg.host, self.port, len(self._workers))
+
+    async def shutdown(self) -> None:
+        """Stop accepting, drain every worker (their last finals go out), then return."""
+        self._stopping = True
+        if self._listener is not None:
+            asyncio.get_running_loop().remove_reader(self._listener.fileno())
+            self._listener.close()
+        for worker in self._workers:
+            if worker.process is not None and worker.process.returncode is None:
+                worker.process.send_signal(signal.SIGTERM)
+        wait_s = self.config.server.drain_timeout_s + _EXIT_GRACE_S
+        for worker in self._workers:
+            if worker.process is None:
+                continue
+            try:
+                async with asyncio.timeout(wait_s):
+                    await worker.process.wait()
+            except TimeoutError:
+                log.error("worker %d did not stop: killing it", worker.index)
+                worker.process.kill()
+                await worker.process.wait()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for worker in self._workers:
+            self._close_ctrl(worker)
+        if self._own_metrics_dir:
+            shutil.rmtree(self._metrics_dir, ignore_errors=True)
+
+    def status_line(self) -> str:
+        statuses = [w.status for w in self._workers if w.status is not None]
+        open_now = sum(s.sessions_open for s in statuses)
+        served = sum(s.sessions_total for s in statuses)
+        alive = sum(w.ready.is_set() for w in self._workers)
+        return (
+            f"{open_now} streams open, {served} served; "
+            f"{alive}/{len(self._workers)} workers, {self.restarts} restarts"
+        )
+
+    def healthy(self, within_s: float) -> bool:
+        now = time.monotonic()
+        engine_age_s = now - self._core.scheduler.stats.heartbeat_monotonic
+        workers_fresh = all(now - w.seen_monotonic < within_s for w in self._workers)
+        return engine_age_s < within_s and workers_fresh
+
+    # -- workers -----------------------------------------------------------------------------
+
+    async def _spawn(self, worker: _Worker) -> None:
+        ctrl, ctrl_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        link, link_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        env = {k: v for k, v in os.environ.items() if k not in _NOT_FOR_WORKERS}
+        env |= {"PROMETHEUS_MULTIPROC_DIR": str(self._metrics_dir), **self._worker_env}
+        command = [
+            sys.executable,
+            "-m",
+            "captiond.worker",
+            "--index",
+            str(worker.index),
+            "--count",
+            str(len(self._workers)),
+            "--ctrl-fd",
+            str(ctrl_child.fileno()),
+            "--link-fd",
+            str(link_child.fileno()),
+            "--log-level",
+            logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower(),
+            *self._worker_args,
+        ]
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *command,
+                stdin=asyncio.subprocess.PIPE,
+                pass_fds=(ctrl_child.fileno(), link_child.fileno()),
+                env=env,
+                start_new_session=False,
+            )
+        finally:
+            ctrl_child.close()
+            link_child.close()
+        assert process.stdin is not None
+        process.stdin.write(dump_toml(self.config).encode())  # the config, secrets included
+        process.stdin.close()
+        ctrl.setblocking(False)
+        worker.process, worker.ctrl, worker.status = process, ctrl, None
+        worker.started_monotonic = worker.seen_monotonic = time.monotonic()
+        reader, writer = await asyncio.open_unix_connection(sock=link)
+
+        def on_status(status: ipc.Status) -> None:
+            worker.status = status
+            worker.seen_monotonic = time.monotonic()
+            worker.ready.set()
+
+        worker.link = self._spawn_task(self._core.serve(reader, writer, on_status))
+        self._spawn_task(self._watch_exit(worker, process))
+
+    async def _watch_exit(self, worker: _Worker, process: asyncio.subprocess.Process) -> None:
+        code = await process.wait()
+        worker.ready.clear()
+        self._close_ctrl(worker)
+        if worker.link is not None:
+            worker.link.cancel()
+        _mark_dead(self._metrics_dir, process.pid)
+        if self._stopping:
+            return
+        self.restarts += 1
+        ran_s = time.monotonic() - worker.started_monotonic
+        if ran_s > _STABLE_S:
+            worker.backoff_s = _RESTART_BACKOFF_S[0]
+        log.error(
+            "worker %d (pid %d) exited with %s after %.0f s: restarting in %.1f s",
+            worker.index,
+            process.pid,
+            code,
+            ran_s,
+            worker.backoff_s,
+        )
+        await asyncio.sleep(worker.backoff_s)
+        worker.backoff_s = min(2 * worker.backoff_s, _RESTART_BACKOFF_S[1])
+        if not self._stopping:
+            await self._spawn(worker)
+
+    async def _watch_silence(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            for worker in self._workers:
+                process = worker.process
+                if (
+                    process is not None
+                    and process.returncode is None
+                    and now - worker.seen_monotonic > _SILENT_S
+                ):
+                    log.error("worker %d silent for %.0f s: killing it", worker.index, _SILENT_S)
+                    worker.seen_monotonic = now  # once
+                    process.kill()
+
+    def _close_ctrl(self, worker: _Worker) -> None:
+        if worker.ctrl is not None:
+            worker.ctrl.close()
+            worker.ctrl = None
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and the like: the backlog waits for the next try
+                log.warning("accept failed: %s", exc)
+                return
+            conn.setblocking(False)
+            self._spawn_task(self._route(conn))
+
+    async def _route(self, conn: socket.socket) -> None:
+        """Hand `conn` to the worker its request line asks for."""
+        with contextlib.closing(conn):
+            try:
+                async with asyncio.timeout(_REQUEST_LINE_TIMEOUT_S):
+                    target = await _peek_request_target(conn)
+                    if target is None:
+                        return  # the client left before its request
+                    worker = self._workers[
+                        worker_for(target, len(self._workers), self._next_in_turn())
+                    ]
+                    while not worker.ready.is_set() and not self._stopping:
+                        async with asyncio.timeout(_WORKER_BACK_S):
+                            await worker.ready.wait()
+            except TimeoutError:
+                return
+            if worker.ctrl is None or self._stopping:
+                return
+            try:
+                socket.send_fds(worker.ctrl, [b"c"], [conn.fileno()])
+            except OSError as exc:  # its queue is full or it just died: the client retries
+                log.warning("could not hand a connection to worker %d: %s", worker.index, exc)
+
+    def _next_in_turn(self) -> int:
+        self._turn = (self._turn + 1) % len(self._workers)
+        return self._turn
+
+    def _spawn_task(self, coro: asyncio._CoroutineLike[None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+
+async def _peek_request_target(conn: socket.socket) -> str | None:
+    """The request target, read without consuming it; None if the client closed first."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            head = conn.recv(MAX_REQUEST_LINE_BYTES, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            head = None
+        except OSError:
+            return None
+        if head == b"":
+            return None
+        if head is not None and (target := request_target(head)) is not None:
+            return target
+        # Wait for more: readable while nothing arrived, then a pause, because peeked bytes
+        # keep the socket readable and would spin.
+        if head is None:
+            readable = loop.create_future()
+            loop.add_reader(conn.fileno(), readable.set_result, None)
+            try:
+                await readable
+            finally:
+                loop.remove_reader(conn.fileno())
+        else:
+            await asyncio.sleep(0.01)
+
+
+def _mark_dead(metrics_dir: Path, pid: int) -> None:
+    """Drop a dead process's live gauges from the metrics (its counters stay)."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(pid, str(metrics_dir))  # type: ignore[no-untyped-call]

@@ -1,0 +1,300 @@
+"""The multi-process daemon (`[server] workers` > 1): the same protocol, invariants, hardening
+and resume as one process, over real worker processes and the engine core in this process;
+a crashed worker loses only its own sessions and is restarted; SIGTERM drains every worker;
+systemd notify and the watchdog still hold. Plus the Sans-I/O parts: routing and the rule that
+moves each stream's audio to the engine process once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import read_wav_int16
+from daemon_harness import (
+    check_invariants,
+    collect,
+    make_config,
+    running_daemon,
+    running_pool,
+    stream_pcm,
+    tone_bursts,
+    url,
+)
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from captiond.config import SourceConfig
+from captiond.ipc import KEEP_SAMPLES, AudioCopy, AudioSpan
+from captiond.routing import SOURCES_WORKER, WorkerSlot, request_target, worker_for
+from captiond.routing import worker_of_session as owner
+
+BURSTS = tone_bursts([0.6, 1.2, 0.6, 2.0, 0.6], gap_s=1.0)
+
+
+def run(coro: Any, timeout_s: float = 90) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, timeout_s))
+
+
+@contextlib.asynccontextmanager
+async def daemon_of(kind: str) -> AsyncIterator[Any]:
+    if kind == "one process":
+        async with running_daemon() as daemon:
+            yield daemon
+    else:
+        async with running_pool(workers=2) as pool:
+            yield pool
+
+
+@pytest.mark.parametrize("kind", ["one process", "two workers"])
+def test_same_captions_invariants_and_refusals(kind: str) -> None:
+    async def scenario() -> list[list[str]]:
+        async with daemon_of(kind) as daemon:
+            exchanges = await asyncio.gather(
+                *(stream_pcm(url(daemon), BURSTS, pause_s=0.01) for _ in range(4))
+            )
+            for ex in exchanges:
+                check_invariants(ex)
+                assert ex.close_code == 1000
+            # Hardening answers the same: a foreign Origin is refused before the upgrade...
+            with pytest.raises(InvalidStatus) as refused:
+                await connect(url(daemon), origin="https://evil.example")  # type: ignore[arg-type]
+            assert refused.value.response.status_code == 403
+            # ...and an unknown message gets its error and close code.
+            async with connect(url(daemon)) as conn:
+                await conn.recv()
+                await conn.send(json.dumps({"type": "nonsense"}))
+                bad = await collect(conn)
+            assert bad.of("error")[0]["code"] == "bad_message" and bad.close_code == 1008
+            return [[f["text"] for f in ex.of("final")] for ex in exchanges]
+
+    finals = run(scenario())
+    assert all(f == finals[0] for f in finals) and len(finals[0]) == 5
+
+
+def test_sessions_spread_over_workers_and_resume_finds_its_worker() -> None:
+    async def scenario() -> None:
+        async with running_pool(workers=2) as pool:
+            sessions: list[tuple[str, str]] = []
+            for _ in range(6):
+                conn = await connect(url(pool))
+                ready = json.loads(await conn.recv())
+                sessions.append((ready["session"], ready["resume_token"]))
+                await conn.send(tone_bursts([0.6], gap_s=1.0).tobytes())
+                while json.loads(await conn.recv())["type"] != "final":
+                    pass
+                assert conn.transport is not None
+                conn.transport.abort()  # the network went away
+            assert {owner(s, 2) for s, _ in sessions} == {0, 1}, "round robin over both"
+            for session, token in sessions:
+                async with connect(url(pool, query=f"resume={token}&since=1")) as again:
+                    resumed = json.loads(await again.recv())
+                    assert resumed["type"] == "resumed" and resumed["session"] == session
+                    await again.send(tone_bursts([0.6]).tobytes())
+                    await again.send(json.dumps({"type": "end"}))
+                    rest = await collect(again)
+                assert [f["segment"] for f in rest.of("final")] == [1]
+                assert rest.close_code == 1000
+            metrics = await asyncio.to_thread(_get, f"http://127.0.0.1:{pool.port}/metrics")
+            assert "captiond_sessions_total 6.0" in metrics, "metrics add up the workers"
+
+    run(scenario())
+
+
+def test_a_crashed_worker_loses_only_its_sessions_and_is_restarted() -> None:
+    long_pcm = tone_bursts([0.6] * 8, gap_s=1.0)
+
+    async def scenario() -> None:
+        async with running_pool(workers=2) as pool:
+            conns = []
+            while {owner(json.loads(r)["session"], 2) for _, r in conns} != {0, 1}:
+                conn = await connect(url(pool))
+                conns.append((conn, await conn.recv()))
+            victim_conn, victim_ready = next(
+                (c, r) for c, r in conns if owner(json.loads(r)["session"], 2) == 1
+            )
+            survivor, survivor_ready = next(
+                (c, r) for c, r in conns if owner(json.loads(r)["session"], 2) == 0
+            )
+            victim_pid = pool.pids[2]
+            reader = asyncio.create_task(collect(survivor))
+            half = len(long_pcm) // 2
+            await survivor.send(long_pcm[:half].tobytes())
+            await asyncio.sleep(0.5)
+            os.kill(victim_pid, signal.SIGKILL)
+            with pytest.raises(ConnectionClosed):
+                await asyncio.wait_for(victim_conn.recv(), 10)
+            await survivor.send(long_pcm[half:].tobytes())
+            await survivor.send(json.dumps({"type": "end"}))
+            ex = await asyncio.wait_for(reader, 30)
+            ex.messages.insert(0, json.loads(survivor_ready))
+            check_invariants(ex)
+            assert len(ex.of("final")) == 8 and ex.close_code == 1000, "the other worker goes on"
+            for _ in range(100):  # restarted with a short backoff
+                if pool.restarts == 1 and len(pool.pids) == 3 and pool.healthy(5.0):
+                    break
+                await asyncio.sleep(0.1)
+            assert pool.restarts == 1 and victim_pid not in pool.pids
+            # The restarted worker serves new sessions (and resumes of its ids are refused
+            # cleanly: its memory is gone).
+            token = json.loads(victim_ready)["resume_token"]
+            async with connect(url(pool, query=f"resume={token}")) as gone:
+                refused = await collect(gone)
+            assert refused.close_code == 4410
+            exchanges = await asyncio.gather(*(stream_pcm(url(pool), BURSTS) for _ in range(4)))
+            assert all(len(e.of("final")) == 5 for e in exchanges)
+            for conn, _ in conns:
+                await conn.close()
+
+    run(scenario())
+
+
+def test_viewers_reach_the_worker_that_runs_the_sources() -> None:
+    config = dataclasses.replace(make_config(), sources=(SourceConfig(name="room", device="none"),))
+
+    async def scenario() -> None:
+        async with running_pool(config, workers=3) as pool:
+            for _ in range(3):  # whichever worker is next in turn
+                async with connect(url(pool, "/v1/captions", "source=room")) as viewer:
+                    first = json.loads(await asyncio.wait_for(viewer.recv(), 10))
+                # Only worker 0 runs the source (no such device here: it waits for one); any
+                # other worker would have answered no_such_source.
+                assert first["type"] == "source" and first["name"] == "room", first
+
+    run(scenario())
+
+
+# -- the real `captiond serve --workers 2`: systemd notify, watchdog, SIGTERM drain ------------
+
+
+class NotifySocket:
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.2)
+        self.messages: list[str] = []
+
+    def wait_for(self, text: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if any(text in m for m in self.messages):
+                return
+            with contextlib.suppress(TimeoutError):
+                self.messages.append(self.sock.recv(4096).decode())
+        raise AssertionError(f"no {text!r} in {self.messages}")
+
+
+@pytest.fixture
+def serve_workers(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], NotifySocket, int]]:
+    notify = NotifySocket(tmp_path / "notify")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify"), "WATCHDOG_USEC": "2000000"}
+    command = [sys.executable, "-m", "captiond.cli", "serve", "--workers", "2", "--engine", "fake"]
+    with (tmp_path / "log").open("wb") as log:
+        proc = subprocess.Popen([*command, "--port", str(port)], env=env, stderr=log)
+        try:
+            yield proc, notify, port
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            notify.sock.close()
+
+
+def test_serve_with_workers_notifies_watchdogs_and_drains_on_sigterm(
+    serve_workers: tuple[subprocess.Popen[bytes], NotifySocket, int], speech_dir: Path
+) -> None:
+    proc, notify, port = serve_workers
+    notify.wait_for("READY=1", 60)
+    notify.wait_for("WATCHDOG=1", 5)
+    pcm = read_wav_int16(speech_dir / "utt" / "jfk_inaugural_1961.wav")
+
+    async def scenario() -> dict[str, Any]:
+        async with connect(f"ws://127.0.0.1:{port}/v1/stream") as conn:
+            await conn.recv()
+            await conn.send(pcm[: len(pcm) // 2].tobytes())  # mid-sentence: no endpoint yet
+            await asyncio.sleep(1.0)
+            notify.wait_for("1 streams open", 10)
+            proc.send_signal(signal.SIGTERM)
+            ex = await collect(conn)
+        return {"finals": ex.of("final"), "errors": ex.of("error"), "code": ex.close_code}
+
+    result = run(scenario())
+    assert result["finals"], "the open utterance was finalized before the close"
+    assert result["errors"][0]["code"] == "shutting_down" and result["code"] == 1001
+    assert proc.wait(30) == 0
+    notify.wait_for("STOPPING=1", 1)
+    assert any("2/2 workers" in m for m in notify.messages), notify.messages
+
+
+# -- Sans-I/O: routing, audio moved once -------------------------------------------------------
+
+
+def test_routing_pins_resumes_and_viewers_and_spreads_the_rest() -> None:
+    slot = WorkerSlot(2, 3)
+    ids = [slot.new_session_id() for _ in range(20)]
+    assert all(owner(i, 3) == 2 and len(i) == 12 for i in ids)
+    assert slot.share(64) == 22 and WorkerSlot(0, 3).runs_sources
+    assert request_target(b"GET /v1/stream?x=1 HTT") is None, "line not complete yet"
+    assert request_target(b"GET /v1/stream?x=1 HTTP/1.1\r\nHost: a\r\n") == "/v1/stream?x=1"
+    assert request_target(b"\x16\x03\x01 junk\r\n") == "", "not HTTP: any worker answers 400"
+    assert worker_for(f"/v1/stream?resume={ids[0]}.secret&since=3", 3, 0) == 2
+    assert worker_for("/v1/captions?source=room", 3, 1) == SOURCES_WORKER
+    assert worker_for("/v1/stream?resume=bad", 3, 1) == 1, "malformed: refused anywhere"
+    assert worker_for("/v1/listen?model=nova", 3, 1) == 1
+
+
+def test_the_engine_process_copy_of_a_stream_matches_what_windows_need() -> None:
+    rng = random.Random(7)
+    stream = np.arange(4_000_000, dtype=np.float32)
+    copy, mirror = AudioCopy(), AudioSpan()
+    end = sent = 0
+    for _ in range(3_000):
+        end = min(len(stream), end + rng.randint(0, 20_000))
+        start = max(0, end - rng.randint(0, KEEP_SAMPLES))
+        if rng.random() < 0.05:  # a window after a gap, or one reaching before what is held
+            start = max(0, end - rng.randint(0, 2_000))
+        send_from = mirror.send_from(start, end)
+        if send_from < end:
+            mirror.advance(send_from, end)
+            copy.put(send_from, stream[send_from:end])
+            sent += end - send_from
+        assert copy.span == mirror, "the worker's mirror agrees without a reply"
+        assert np.array_equal(copy.window(start, end), stream[start:end])
+    assert sent > end, "windows after gaps or before what is held are sent whole"
+
+    # A session's pattern: a partial every 0.5 s reaching 10 s back, a final every 4 s reaching
+    # 30 s back: every sample crosses once.
+    copy, mirror, sent = AudioCopy(), AudioSpan(), 0
+    for step in range(1, 240):
+        end = step * 8_000
+        back = KEEP_SAMPLES if step % 8 == 0 else 10 * 16_000
+        start = max(0, end - back)
+        send_from = mirror.send_from(start, end)
+        mirror.advance(send_from, end)
+        copy.put(send_from, stream[send_from:end])
+        sent += end - send_from
+        assert np.array_equal(copy.window(start, end), stream[start:end])
+    assert sent == end, "audio moves once"
+
+
+def _get(address: str) -> str:
+    with urllib.request.urlopen(address, timeout=10) as response:
+        body: bytes = response.read()
+    return body.decode()
