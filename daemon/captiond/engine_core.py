@@ -31,14 +31,16 @@ class EngineCore:
         self,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        on_status: Callable[[ipc.Status], None],
+        on_status: Callable[[ipc.Status | None], None],
     ) -> None:
-        """Serve one worker link until it closes."""
+        """Serve one worker link until it closes; `on_status` hears of every message (None:
+        not a status), since any message shows the worker is alive."""
         ipc.write(writer, ipc.Hello(self.scheduler.engine_info))
         copies: dict[str, ipc.AudioCopy] = {}
         calls: dict[int, asyncio.Task[None]] = {}
         try:
             while (message := await ipc.read(reader)) is not None:
+                on_status(message if isinstance(message, ipc.Status) else None)
                 if isinstance(message, ipc.Decode):
                     copy = copies.setdefault(message.stream, ipc.AudioCopy())
                     copy.put(message.audio_from_sample, message.audio)
@@ -54,9 +56,7 @@ class EngineCore:
                         withdrawn.cancel()
                 elif isinstance(message, ipc.Forget):
                     copies.pop(message.stream, None)
-                elif isinstance(message, ipc.Status):
-                    on_status(message)
-                else:
+                elif not isinstance(message, ipc.Status):
                     log.error("unexpected message from a worker: %r", type(message).__name__)
         finally:
             for task in list(calls.values()):

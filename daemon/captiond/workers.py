@@ -11,7 +11,7 @@ All of this runs on the main process's event-loop thread:
   worker by routing.py's rules, and pass the socket over the worker's `ctrl` socket pair
   (SCM_RIGHTS): the worker's websockets reads the request as if it had accepted it;
 - serve every worker's decodes over its `link` socket pair (engine_core.py);
-- restart a worker that exits, or that stops reporting for `_SILENT_S` (killed first): only
+- restart a worker that exits, or that sends nothing for `_SILENT_S` (killed first): only
   its own sessions are lost, clients resume or reconnect;
 - on shutdown, stop accepting, ask every worker to drain (SIGTERM: last finals, then 1001) and
   wait for them, and only then let the engine stop.
@@ -46,8 +46,10 @@ log = logging.getLogger(__name__)
 
 # A worker imports numpy, websockets and webrtcvad and opens its journal before it is ready.
 _READY_TIMEOUT_S = 60.0
-# A worker reports once a second; one silent this long is hung (or starved) and is replaced.
-_SILENT_S = 15.0
+# A worker reports once a second; one that sends nothing at all (no status, no decode) this
+# long is hung and is replaced. Generous: an overloaded machine delays reports, and replacing
+# a slow worker would drop every stream it serves.
+_SILENT_S = 60.0
 # A connection that has not sent its request line by then is closed, as websockets would.
 _REQUEST_LINE_TIMEOUT_S = 10.0
 # How long a connection for a worker that is restarting waits for it.
@@ -217,10 +219,11 @@ class WorkerPool:
         worker.started_monotonic = worker.seen_monotonic = time.monotonic()
         reader, writer = await asyncio.open_unix_connection(sock=link)
 
-        def on_status(status: ipc.Status) -> None:
-            worker.status = status
+        def on_status(status: ipc.Status | None) -> None:
             worker.seen_monotonic = time.monotonic()
-            worker.ready.set()
+            if status is not None:  # its first one says it is ready
+                worker.status = status
+                worker.ready.set()
 
         worker.link = self._spawn_task(self._core.serve(reader, writer, on_status))
         self._spawn_task(self._watch_exit(worker, process))

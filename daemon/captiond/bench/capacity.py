@@ -1,12 +1,19 @@
-"""`captiond bench capacity`: how many concurrent real-time streams hold the latency bounds.
+"""`captiond bench capacity`: how many real-time streams, live at once, hold the latency bounds.
 
-Main thread and its event loop; a ResourceMonitor thread samples CPU and memory. For each N,
-N streams of the chosen clips (rotated, cut to --duration-s, starts staggered) run at real time
-against the in-process daemon (or --url), then against WhisperLive with --peer. A level holds
-when every stream finished and the pooled p95 partial lag and p95 final latency are within the
-bounds; the capacity is the largest N that holds. Two failed levels in a row end the sweep.
+Main thread and its event loop, which also serves the in-process daemon with --workers 1 (with
+more, worker processes serve the websockets and the engine core stays here); the engine runs on
+the scheduler's thread, ResourceMonitor and GpuMonitor sample on threads of their own, and the
+streams run in --client-procs client processes (clients.py; 0: in this event loop, where their
+CPU counts as the daemon's).
 
-    captiond bench capacity --streams 1,2,4,6,8,12 --peer whisperlive --out DIR
+For each N, N streams start spread over --start-within-s on one wall-clock schedule and each
+plays --duration-s of audio at real time (clips rotated; a short clip loops, with 1 s of silence
+between repeats), against the daemon started here (or --url), then against WhisperLive with
+--peer. A level holds when no stream failed, all N were connected at one moment, and the pooled
+p95 partial lag and p95 final latency are within the bounds; the capacity is the largest N that
+holds. Two failed levels in a row end the sweep.
+
+    captiond bench capacity --streams 16,64,256 --workers 4 --client-procs 4 --out DIR
 """
 
 from __future__ import annotations
@@ -14,121 +21,255 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from captiond.bench import common
-from captiond.bench.metrics import Trace, final_latencies_ms, partial_lags_ms, summary
-from captiond.bench.pacing import stream_native
-from captiond.bench.peer_whisperlive import stream_whisperlive, whisperlive_server
+from captiond.bench.clients import LevelClients, plan_level, raise_fd_limit
+from captiond.bench.metrics import final_latencies_ms, partial_lags_ms, peak_live, summary
+from captiond.bench.peer_whisperlive import whisperlive_server
 from captiond.bench.report import (
+    GpuMonitor,
     Progress,
     ResourceMonitor,
+    gpu_facts,
     plot_capacity,
     print_table,
     write_json,
 )
+from captiond.errors import ConfigError
 from captiond.models import resolve_model
+from captiond.scheduler import InferenceScheduler
 
-Streamer = Callable[[str, npt.NDArray[np.float32]], Awaitable[Trace]]
+# Between a clip's repeats when it is shorter than --duration-s: the silence ends its utterance.
+_LOOP_GAP_S = 1.0
+# The level's start epoch is this far after every client is ready: it has to reach them all.
+_START_LEAD_S = 1.0
+# The bench daemon's session limits: the largest level plus this many per worker (the limits
+# are split evenly over the workers), so that no limit ever refuses one of the level's streams.
+_SPARE_SESSIONS = 16
+_ENGINE_SAMPLES = (
+    "captiond_engine_seconds_sum",
+    "captiond_engine_seconds_count",
+    "captiond_batch_size_sum",
+    "captiond_batch_size_count",
+)
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(n) for n in text.split(",") if n.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma list of counts, got {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"stream counts must be >= 1, got {text!r}")
+    return levels
 
 
 def add_capacity_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("capacity", help="most concurrent real-time streams within latency bounds")
+    p = sub.add_parser("capacity", help="most live real-time streams within latency bounds")
     common.add_options(p, default_clips="long")
-    p.add_argument("--streams", default="1,2,4,6,8,12", help="comma list of stream counts")
-    p.add_argument("--duration-s", type=float, default=30.0, help="audio per stream (default 30)")
-    p.add_argument("--stagger-s", type=float, default=0.3, help="between stream starts")
-    p.add_argument("--bound-partial-ms", type=float, default=2000.0, help="p95 partial lag bound")
-    p.add_argument("--bound-final-ms", type=float, default=2000.0, help="p95 final latency bound")
+    p.add_argument(
+        "--streams", type=_levels, default=[1, 2, 4, 6, 8, 12], help="comma list of live streams"
+    )
+    p.add_argument("--duration-s", type=float, default=60.0, help="audio per stream (default 60)")
+    p.add_argument(
+        "--start-within-s",
+        type=float,
+        default=10.0,
+        help="stream i of N starts at i/N of this (default 10)",
+    )
+    p.add_argument(
+        "--client-procs",
+        type=int,
+        default=2,
+        help="client processes the streams are split over (0: in the bench process; default 2)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="daemon worker processes serving websockets (default 1: all in this process)",
+    )
+    p.add_argument("--bound-partial-ms", type=float, default=1000.0, help="p95 partial lag bound")
+    p.add_argument("--bound-final-ms", type=float, default=1000.0, help="p95 final latency bound")
     p.set_defaults(func=_bench_capacity)
 
 
-async def _level(
-    n: int, url: str, args: argparse.Namespace, clips: list[common.Clip], stream: Streamer
-) -> tuple[list[Trace], int]:
-    async def one(i: int) -> Trace:
-        await asyncio.sleep(i * args.stagger_s)
-        clip = clips[i % len(clips)]
-        return await stream(url, clip.samples[: int(args.duration_s * 16_000)])
+def loop_audio(samples: npt.NDArray[np.float32], duration_s: float) -> npt.NDArray[np.float32]:
+    """`duration_s` of the clip: cut, or repeated with `_LOOP_GAP_S` of silence between."""
+    want = int(duration_s * 16_000)
+    if len(samples) >= want:
+        return samples[:want]
+    period = np.concatenate([samples, np.zeros(int(_LOOP_GAP_S * 16_000), dtype=np.float32)])
+    return np.tile(period, -(-want // len(period)))[:want]
 
-    outcomes = await asyncio.gather(*(one(i) for i in range(n)), return_exceptions=True)
-    traces = [t for t in outcomes if isinstance(t, Trace)]
-    return traces, n - len(traces)
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Target:
+    name: str  # the system, as the JSON names it
+    protocol: str  # clients.PROTOCOLS
+    url: str
+    scheduler: InferenceScheduler | None  # the engine's metrics, when the daemon is ours
+    pids: list[int]  # the system's processes, for the resource monitor
+
+
+def _engine_totals(scheduler: InferenceScheduler | None) -> list[float] | None:
+    if scheduler is None:
+        return None
+    registry = scheduler.metrics.registry
+    return [registry.get_sample_value(name) or 0.0 for name in _ENGINE_SAMPLES]
+
+
+def _engine_figures(before: list[float] | None, after: list[float] | None) -> dict[str, Any]:
+    """Engine host time and requests per batch over the level, from the histograms' deltas."""
+    if before is None or after is None:
+        return {"engine_batches": None, "engine_ms_per_batch_mean": None, "batch_size_mean": None}
+    engine_s, batches, requests, sized = (a - b for a, b in zip(after, before, strict=True))
+    return {
+        "engine_batches": int(batches),
+        "engine_ms_per_batch_mean": round(1000 * engine_s / batches, 2) if batches else None,
+        "batch_size_mean": round(requests / sized, 2) if sized else None,
+    }
+
+
+async def _level(
+    n: int, target: _Target, args: argparse.Namespace, audio: list[npt.NDArray[np.float32]]
+) -> dict[str, Any]:
+    plans = plan_level(
+        n,
+        procs=args.client_procs,
+        protocol=target.protocol,
+        url=target.url,
+        audio=audio,
+        start_within_s=args.start_within_s,
+    )
+    clients = LevelClients(plans, in_process=args.client_procs == 0)
+    try:
+        await clients.start()
+        start_epoch_s = time.time() + _START_LEAD_S
+        before = _engine_totals(target.scheduler)
+        with ResourceMonitor(target.pids, clients.pids) as monitor, GpuMonitor() as gpu:
+            outcomes = await clients.run(start_epoch_s)
+        after = _engine_totals(target.scheduler)
+    finally:
+        await clients.stop()
+    traces = [o.trace for o in outcomes if o.error is None]
+    errors = [o.error for o in outcomes if o.error is not None]
+    lags = summary([x for t in traces for x in partial_lags_ms(t)])
+    finals = summary([x for t in traces for x in final_latencies_ms(t)])
+    live = peak_live([o.trace for o in outcomes])
+    start_delays_ms = [
+        1000 * (o.trace.connect_epoch_s - o.scheduled_epoch_s)
+        for o in outcomes
+        if o.trace.connect_epoch_s is not None
+    ]
+    holds = (
+        not errors
+        and live == n
+        and lags["p95"] is not None
+        and lags["p95"] <= args.bound_partial_ms
+        and finals["p95"] is not None
+        and finals["p95"] <= args.bound_final_ms
+    )
+    return {
+        "streams": n,
+        "client_procs": 0 if args.client_procs == 0 else len(plans),
+        "peak_live_streams": live,
+        "failed_streams": len(errors),
+        "errors": sorted(set(errors))[:5],
+        "connect_delay_ms": summary(start_delays_ms),
+        "partial_lag_ms": lags,
+        "final_latency_ms": finals,
+        "holds": holds,
+        **_engine_figures(before, after),
+        "load_average_1": round(os.getloadavg()[0], 2),
+        **monitor.result(),
+        **gpu.result(),
+    }
 
 
 async def _sweep(
-    args: argparse.Namespace, env: common.BenchEnv, url: str, pid: int, stream: Streamer, name: str
+    args: argparse.Namespace, target: _Target, audio: list[npt.NDArray[np.float32]]
 ) -> list[dict[str, Any]]:
-    levels = [int(n) for n in args.streams.split(",")]
-    progress = Progress(name, len(levels))
+    progress = Progress(target.name, len(args.streams))
     out: list[dict[str, Any]] = []
     failures = 0
-    for n in levels:
-        with ResourceMonitor([pid]) as monitor:
-            traces, failed = await _level(n, url, args, env.clips, stream)
-        lags = summary([x for t in traces for x in partial_lags_ms(t)])
-        finals = summary([x for t in traces for x in final_latencies_ms(t)])
-        holds = (
-            failed == 0
-            and lags["p95"] is not None
-            and lags["p95"] <= args.bound_partial_ms
-            and finals["p95"] is not None
-            and finals["p95"] <= args.bound_final_ms
+    for n in args.streams:
+        level = await _level(n, target, args, audio)
+        out.append(level)
+        lags, finals = level["partial_lag_ms"], level["final_latency_ms"]
+        progress.step(
+            f"N={n} live {level['peak_live_streams']} p95 lag {lags['p95']} final {finals['p95']}"
         )
-        out.append(
-            {
-                "streams": n,
-                "failed_streams": failed,
-                "partial_lag_ms": lags,
-                "final_latency_ms": finals,
-                "holds": holds,
-                "load_average_1": round(os.getloadavg()[0], 2),
-                **monitor.result(),
-            }
-        )
-        progress.step(f"N={n} p95 lag {lags['p95']} final {finals['p95']}")
-        failures = 0 if holds else failures + 1
+        failures = 0 if level["holds"] else failures + 1
         if failures == 2:
             break
     return out
 
 
-def _capacity(levels: list[dict[str, Any]]) -> int:
-    return max((lv["streams"] for lv in levels if lv["holds"]), default=0)
+async def _ours(
+    args: argparse.Namespace, env: common.BenchEnv, audio: list[npt.NDArray[np.float32]]
+) -> list[dict[str, Any]]:
+    sessions = max(args.streams) + _SPARE_SESSIONS * args.workers
+    async with common.bench_daemon(
+        args, env, max_sessions=sessions, workers=args.workers
+    ) as daemon:
+        target = _Target(
+            name="captiond",
+            protocol="native",
+            url=daemon.url,
+            scheduler=daemon.scheduler,
+            pids=daemon.pids,
+        )
+        return await _sweep(args, target, audio)
 
 
-async def _ours(args: argparse.Namespace, env: common.BenchEnv) -> list[dict[str, Any]]:
-    async def stream(url: str, samples: npt.NDArray[np.float32]) -> Trace:
-        return await stream_native(url, samples, speed=1.0)
+async def _peer(
+    args: argparse.Namespace, audio: list[npt.NDArray[np.float32]]
+) -> list[dict[str, Any]]:
+    clients = max(args.streams) + _SPARE_SESSIONS  # WhisperLive refuses clients beyond this
+    with whisperlive_server(resolve_model(args.model), args.peer_mode, clients) as (url, pid):
+        target = _Target(
+            name="whisperlive", protocol="whisperlive", url=url, scheduler=None, pids=[pid]
+        )
+        return await _sweep(args, target, audio)
 
-    async with common.daemon_url(args, env) as (url, _):
-        return await _sweep(args, env, url, os.getpid(), stream, "captiond")
 
-
-async def _peer(args: argparse.Namespace, env: common.BenchEnv) -> list[dict[str, Any]]:
-    async def stream(url: str, samples: npt.NDArray[np.float32]) -> Trace:
-        return await stream_whisperlive(url, samples, speed=1.0)
-
-    with whisperlive_server(resolve_model(args.model), args.peer_mode) as (url, pid):
-        return await _sweep(args, env, url, pid, stream, "whisperlive")
+def _check(args: argparse.Namespace) -> None:
+    if args.duration_s <= 0 or not 0 <= args.start_within_s < args.duration_s:
+        # Otherwise the first streams end before the last start: N are never live at once.
+        raise ConfigError("bench capacity: need 0 <= --start-within-s < --duration-s")
+    if args.client_procs < 0 or args.workers < 1:
+        raise ConfigError("bench capacity: need --client-procs >= 0 and --workers >= 1")
+    if args.workers > 1 and args.url:
+        raise ConfigError("bench capacity: --workers starts a daemon here; not with --url")
 
 
 def _bench_capacity(args: argparse.Namespace) -> int:
+    _check(args)
+    raise_fd_limit()
     env = common.prepare(args)
-    results = {"captiond": asyncio.run(_ours(args, env))}
+    audio = [loop_audio(c.samples, args.duration_s) for c in env.clips]
+    results = {"captiond": asyncio.run(_ours(args, env, audio))}
     if args.peer:
-        results["whisperlive"] = asyncio.run(_peer(args, env))
+        results["whisperlive"] = asyncio.run(_peer(args, audio))
+    gpu, gpu_note = gpu_facts()
     data = common.header(args, env, "capacity") | {
         "bounds_ms": {
             "partial_lag_p95": args.bound_partial_ms,
             "final_latency_p95": args.bound_final_ms,
         },
         "duration_s": args.duration_s,
-        "gpu": None,
+        "start_within_s": args.start_within_s,
+        "client_procs": args.client_procs,
+        "workers": None if args.url else args.workers,
+        "gpu": gpu,
+        "gpu_note": gpu_note,
         "capacity": {name: _capacity(levels) for name, levels in results.items()},
         "levels": results,
     }
@@ -140,21 +281,41 @@ def _bench_capacity(args: argparse.Namespace) -> int:
         f"captiond bench capacity ({env.engine.name}, {data['machine']['cpu_count']} cores)",
         {
             sys_name: [
-                (lv["streams"], lv["partial_lag_ms"]["p95"], lv["final_latency_ms"]["p95"])
+                (
+                    lv["peak_live_streams"],
+                    lv["partial_lag_ms"]["p95"],
+                    lv["final_latency_ms"]["p95"],
+                )
                 for lv in levels
             ]
             for sys_name, levels in results.items()
         },
     )
+    _table(results)
+    print("capacity:", data["capacity"], f"- wrote {args.out / name}.json and .png")
+    return 0
+
+
+def _capacity(levels: list[dict[str, Any]]) -> int:
+    return max((lv["streams"] for lv in levels if lv["holds"]), default=0)
+
+
+def _table(results: dict[str, list[dict[str, Any]]]) -> None:
     rows = [
         [
             sys_name,
             lv["streams"],
+            lv["peak_live_streams"],
+            lv["failed_streams"],
             lv["partial_lag_ms"]["p50"],
             lv["partial_lag_ms"]["p95"],
             lv["final_latency_ms"]["p50"],
             lv["final_latency_ms"]["p95"],
-            lv["cpu_percent_mean"],
+            lv["daemon_cpu_percent_mean"],
+            lv["client_cpu_percent_mean"],
+            lv["gpu_busy_percent_mean"],
+            lv["engine_ms_per_batch_mean"],
+            lv["batch_size_mean"],
             lv["peak_rss_mib"],
             "yes" if lv["holds"] else "no",
         ]
@@ -164,14 +325,18 @@ def _bench_capacity(args: argparse.Namespace) -> int:
     headers = [
         "system",
         "N",
+        "live",
+        "failed",
         "lag p50",
         "lag p95",
         "fin p50",
         "fin p95",
-        "cpu %",
+        "daemon %",
+        "client %",
+        "gpu %",
+        "ms/batch",
+        "batch",
         "rss MiB",
         "holds",
     ]
     print_table(headers, rows)
-    print("capacity:", data["capacity"], f"- wrote {args.out / name}.json and .png")
-    return 0

@@ -1,7 +1,8 @@
 """What `bench stream` and `bench capacity` share: options, clips, the engine, the daemon.
 
-Main thread (and its event loop for `daemon_url`). Clips come from a manifest in the speech
-corpus format (../shared/speech/manifest.jsonl by default, or $CAPTIOND_SPEECH_DIR).
+Main thread (and its event loop for `bench_daemon`, whose scheduler runs the engine on its own
+thread; with workers > 1 worker processes serve the websockets). Clips come from a manifest in
+the speech corpus format (../shared/speech/manifest.jsonl by default, or $CAPTIOND_SPEECH_DIR).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 import contextlib
 import json
 import os
+import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,25 +144,82 @@ def prepare(args: argparse.Namespace) -> BenchEnv:
     return BenchEnv(config=config, engine=engine, clips=clips, manifest=manifest)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchDaemon:
+    url: str  # the native stream endpoint
+    scheduler: InferenceScheduler | None  # None with --url: the daemon is not ours to read
+    pids: list[int]  # the daemon's processes (this one and its workers); none with --url
+
+
+@contextlib.asynccontextmanager
+async def bench_daemon(
+    args: argparse.Namespace, env: BenchEnv, *, max_sessions: int = 1024, workers: int = 1
+) -> AsyncIterator[BenchDaemon]:
+    """--url as given, or a daemon started here (port 0) on the bench's engine: in this process
+    (`workers` 1), or with the engine core here and `workers` processes serving websockets."""
+    if args.url:
+        yield BenchDaemon(url=args.url, scheduler=None, pids=[])
+        return
+    # Every bench stream comes from this machine's one address.
+    config = override(
+        env.config,
+        "server",
+        port=0,
+        max_sessions=max_sessions,
+        max_sessions_per_ip=max_sessions,
+    )
+    scheduler = InferenceScheduler(env.engine, config.scheduler)
+    scheduler.start()
+    try:
+        if workers > 1:
+            pool_config = override(config, "server", workers=workers)
+            async with _worker_pool(pool_config, scheduler) as (port, pids):
+                yield BenchDaemon(url=_stream_url(port), scheduler=scheduler, pids=pids)
+        else:
+            daemon = Daemon(config, scheduler)
+            await daemon.start()
+            try:
+                yield BenchDaemon(
+                    url=_stream_url(daemon.port), scheduler=scheduler, pids=[os.getpid()]
+                )
+            finally:
+                await daemon.shutdown()
+    finally:
+        scheduler.stop()
+
+
+def _stream_url(port: int) -> str:
+    return f"ws://127.0.0.1:{port}/v1/stream"
+
+
+@contextlib.asynccontextmanager
+async def _worker_pool(
+    config: Config, scheduler: InferenceScheduler
+) -> AsyncIterator[tuple[int, list[int]]]:
+    """The multi-process daemon (workers.py); its port and its processes' ids."""
+    # Imported here: only `bench capacity --workers` needs it.
+    from captiond.workers import WorkerPool
+
+    # The workers' prometheus_client files. This process keeps its metrics in memory (it set no
+    # PROMETHEUS_MULTIPROC_DIR before importing prometheus_client), where the bench reads the
+    # engine's figures; the workers' /metrics then lack this process's share, which the bench
+    # does not read.
+    with tempfile.TemporaryDirectory(prefix="captiond-bench-metrics-") as metrics_dir:
+        pool = WorkerPool(config, scheduler, metrics_dir=Path(metrics_dir))
+        await pool.start()
+        try:
+            yield pool.port, list(pool.pids)
+        finally:
+            await pool.shutdown()
+
+
 @contextlib.asynccontextmanager
 async def daemon_url(
     args: argparse.Namespace, env: BenchEnv
 ) -> AsyncIterator[tuple[str, InferenceScheduler | None]]:
     """--url as given, or a daemon in this process (port 0) sharing the bench's engine."""
-    if args.url:
-        yield args.url, None
-        return
-    # Every bench stream comes from this machine's one address.
-    config = override(env.config, "server", port=0, max_sessions=1024, max_sessions_per_ip=1024)
-    scheduler = InferenceScheduler(env.engine, config.scheduler)
-    scheduler.start()
-    daemon = Daemon(config, scheduler)
-    await daemon.start()
-    try:
-        yield f"ws://127.0.0.1:{daemon.port}/v1/stream", scheduler
-    finally:
-        await daemon.shutdown()
-        scheduler.stop()
+    async with bench_daemon(args, env) as daemon:
+        yield daemon.url, daemon.scheduler
 
 
 def header(args: argparse.Namespace, env: BenchEnv, bench: str) -> dict[str, Any]:

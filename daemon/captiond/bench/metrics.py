@@ -20,13 +20,18 @@ Message = dict[str, Any]
 
 @dataclass(slots=True)
 class Trace:
-    """One stream as the client saw it; times are seconds on the client's monotonic clock."""
+    """One stream as the client saw it; times are seconds on the client's monotonic clock, but
+    for the connect and close moments on the wall clock. Picklable, to leave a client process."""
 
     sent_s: list[float] = field(default_factory=list)  # wall moment of each send …
     sent_ms: list[int] = field(default_factory=list)  # … and the stream audio sent by then
     arrived_s: list[float] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
     ended_s: float | None = None  # when the server said `done` (or closed, for the peer)
+    # Epoch seconds (time.time()), comparable across the client processes of `bench capacity`:
+    # when the websocket opened and when it closed (None if it never opened).
+    connect_epoch_s: float | None = None
+    close_epoch_s: float | None = None
 
     def record_sent(self, wall_s: float, audio_ms: int) -> None:
         self.sent_s.append(wall_s)
@@ -153,6 +158,21 @@ def last_final_before_done(messages: Sequence[Message]) -> bool:
     """Every final arrived before `done` (a trace without `done` fails)."""
     types = [m["type"] for m in messages]
     return "done" in types and "final" not in types[types.index("done") :]
+
+
+def peak_live(traces: Sequence[Trace]) -> int:
+    """The most streams connected at one moment, from each trace's connect and close epochs (a
+    close and a connect at the same moment do not overlap)."""
+    events: list[tuple[float, int]] = []
+    for t in traces:
+        if t.connect_epoch_s is not None:
+            events.append((t.connect_epoch_s, 1))
+            events.append((t.close_epoch_s if t.close_epoch_s is not None else math.inf, -1))
+    live = peak = 0
+    for _, step in sorted(events):  # at a tie -1 sorts first: the close comes before the connect
+        live += step
+        peak = max(peak, live)
+    return peak
 
 
 def summary(values: Sequence[float], digits: int = 1) -> dict[str, float | int | None]:

@@ -43,33 +43,46 @@ async def send_paced(
         trace.record_sent(time.monotonic(), samples_to_ms(end))
 
 
-async def stream_native(url: str, samples: npt.NDArray[np.float32], *, speed: float = 1.0) -> Trace:
-    """Stream one clip to a captiond daemon, then `end`; the trace up to `done`."""
-    trace = Trace()
-    async with connect(stream_url(url), max_size=None) as conn:
+async def stream_native(
+    url: str,
+    samples: npt.NDArray[np.float32],
+    *,
+    speed: float = 1.0,
+    trace: Trace | None = None,
+) -> Trace:
+    """Stream one clip to a captiond daemon, then `end`; the trace up to `done`. Pass `trace` to
+    keep what was recorded (the connect and close epochs too) when the stream fails."""
+    trace = Trace() if trace is None else trace
+    try:
+        async with connect(stream_url(url), max_size=None) as conn:
+            trace.connect_epoch_s = time.time()
 
-        async def receive() -> None:
-            async for raw in conn:
-                if isinstance(raw, bytes):
-                    continue
-                message = json.loads(raw)
-                trace.record_message(time.monotonic(), message)
-                if message["type"] == "error":
-                    raise BenchStreamError(f"{message['code']}: {message['message']}")
-                if message["type"] == "done":
-                    trace.ended_s = time.monotonic()
-                    return
-            raise BenchStreamError(f"closed before 'done' (code {conn.close_code})")
+            async def receive() -> None:
+                async for raw in conn:
+                    if isinstance(raw, bytes):
+                        continue
+                    message = json.loads(raw)
+                    trace.record_message(time.monotonic(), message)
+                    if message["type"] == "error":
+                        raise BenchStreamError(f"{message['code']}: {message['message']}")
+                    if message["type"] == "done":
+                        trace.ended_s = time.monotonic()
+                        return
+                raise BenchStreamError(f"closed before 'done' (code {conn.close_code})")
 
-        receiver = asyncio.create_task(receive())
+            receiver = asyncio.create_task(receive())
 
-        async def send(chunk: npt.NDArray[np.float32]) -> None:
-            await conn.send(to_pcm_s16le(chunk))
+            async def send(chunk: npt.NDArray[np.float32]) -> None:
+                await conn.send(to_pcm_s16le(chunk))
 
-        try:
-            await send_paced(samples, speed, send, trace)
-            await conn.send(json.dumps({"type": "end"}))
-            await receiver
-        finally:
-            receiver.cancel()
+            try:
+                await send_paced(samples, speed, send, trace)
+                await conn.send(json.dumps({"type": "end"}))
+                await receiver
+            finally:
+                receiver.cancel()
+    finally:
+        # After the closing handshake (or the failure): the stream counts as live until here.
+        if trace.connect_epoch_s is not None:
+            trace.close_epoch_s = time.time()
     return trace

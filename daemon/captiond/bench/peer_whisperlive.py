@@ -165,9 +165,11 @@ async def stream_whisperlive(
     speed: float = 1.0,
     tail_s: float = 10.0,
     settle_s: float = 2.0,
+    trace: Trace | None = None,
 ) -> Trace:
-    """Stream one clip to WhisperLive as its own client does; the trace in native shape."""
-    trace = Trace()
+    """Stream one clip to WhisperLive as its own client does; the trace in native shape (pass
+    `trace` to keep what was recorded when the stream fails)."""
+    trace = Trace() if trace is None else trace
     translator = SegmentTranslator(trace)
     options = {
         "uid": uuid.uuid4().hex,
@@ -176,34 +178,43 @@ async def stream_whisperlive(
         "model": "tiny.en",  # replaced by the server's custom model path
         "use_vad": True,
     }
-    async with connect(url, max_size=None, open_timeout=60) as conn:
-        await conn.send(json.dumps(options))
-        ready = json.loads(await asyncio.wait_for(conn.recv(), 120))
-        if ready.get("message") != "SERVER_READY":
-            raise PeerError(f"WhisperLive refused the stream: {ready}")
-        last_message_s = [time.monotonic()]
+    try:
+        async with connect(url, max_size=None, open_timeout=60) as conn:
+            trace.connect_epoch_s = time.time()
+            await conn.send(json.dumps(options))
+            ready = json.loads(await asyncio.wait_for(conn.recv(), 120))
+            if ready.get("message") != "SERVER_READY":
+                raise PeerError(f"WhisperLive refused the stream: {ready}")
+            last_message_s = [time.monotonic()]
 
-        async def receive() -> None:
-            with contextlib.suppress(ConnectionClosed):
-                async for raw in conn:
-                    now = time.monotonic()
-                    message = json.loads(raw)
-                    if "segments" in message:
-                        last_message_s[0] = now
-                        translator.feed(now, message["segments"])
+            async def receive() -> None:
+                with contextlib.suppress(ConnectionClosed):
+                    async for raw in conn:
+                        now = time.monotonic()
+                        message = json.loads(raw)
+                        if "segments" in message:
+                            last_message_s[0] = now
+                            translator.feed(now, message["segments"])
 
-        receiver = asyncio.create_task(receive())
-        last_message_s[0] = time.monotonic()
-        await send_paced(samples, speed, lambda chunk: conn.send(chunk.tobytes()), trace)
-        # Let it finish: until nothing is pending and it has been quiet for `settle_s`.
-        deadline = time.monotonic() + tail_s
-        while time.monotonic() < deadline and (
-            translator.pending is not None or time.monotonic() - last_message_s[0] < settle_s
-        ):
-            await asyncio.sleep(0.05)
-        await conn.send(b"END_OF_AUDIO")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(receiver, 30)
+            receiver = asyncio.create_task(receive())
+            try:
+                last_message_s[0] = time.monotonic()
+                await send_paced(samples, speed, lambda chunk: conn.send(chunk.tobytes()), trace)
+                # Let it finish: until nothing is pending and it has been quiet for `settle_s`.
+                deadline = time.monotonic() + tail_s
+                while time.monotonic() < deadline and (
+                    translator.pending is not None
+                    or time.monotonic() - last_message_s[0] < settle_s
+                ):
+                    await asyncio.sleep(0.05)
+                await conn.send(b"END_OF_AUDIO")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(receiver, 30)
+            finally:
+                receiver.cancel()
+    finally:
+        if trace.connect_epoch_s is not None:
+            trace.close_epoch_s = time.time()
     trace.ended_s = time.monotonic()
     translator.close(trace.ended_s)
     return trace

@@ -1,12 +1,14 @@
 """What every bench run writes: machine facts, versions, config, JSON, a terminal table, plots.
 
-Main thread, except `ResourceMonitor`, which samples CPU and memory on its own thread. matplotlib
-is imported only when a plot is drawn (extra `bench`).
+Main thread, except `ResourceMonitor` and `GpuMonitor`, which sample CPU and memory, and the
+GPU's busy share (through pynvml, when it is installed), each on its own thread. matplotlib is
+imported only when a plot is drawn (extra `bench`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.metadata
 import json
 import os
@@ -19,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from captiond.bench.metrics import percentile
 from captiond.config import Config, config_from_mapping
 
 _VERSIONED = ("captiond", "faster-whisper", "ctranslate2", "numpy", "websockets", "torch")
@@ -77,51 +80,166 @@ def config_dict(config: Config) -> dict[str, Any]:
 
 
 class ResourceMonitor:
-    """System CPU % (all cores), and peak RSS of the watched processes with their children."""
+    """System CPU % (all cores), and the CPU % (100 = one core) and peak RSS of two groups of
+    processes: `pids` (the daemon: this process and its worker processes, or the peer server)
+    and `client_pids` (the bench's client processes).
 
-    def __init__(self, pids: Sequence[int], interval_s: float = 0.5) -> None:
+    A watched process counts with its children, except this process's own: those are the client
+    processes and multiprocessing's helpers, and the daemon's workers are named in `pids`.
+    """
+
+    def __init__(
+        self, pids: Sequence[int], client_pids: Sequence[int] = (), interval_s: float = 0.5
+    ) -> None:
         import psutil
 
         self._psutil = psutil
-        self._procs = [psutil.Process(pid) for pid in pids]
+        self._groups = {"daemon": list(pids), "client": list(client_pids)}
         self._interval_s = interval_s
         self._cpu: list[float] = []
         self._per_core: list[list[float]] = []
-        self._peak_rss = 0
+        self._peak_rss = dict.fromkeys(self._groups, 0)
+        # CPU seconds each process had used at its last sample, and the sum of the increments.
+        self._cpu_s: dict[int, float] = {}
+        self._busy_s = dict.fromkeys(self._groups, 0.0)
+        self._started_s = 0.0
+        self._elapsed_s = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-monitor", daemon=True)
 
     def __enter__(self) -> ResourceMonitor:
         self._psutil.cpu_percent(percpu=True)
+        self._sample_processes()
+        self._started_s = time.monotonic()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        self._sample_processes()
+        self._elapsed_s = time.monotonic() - self._started_s
 
-    def _rss(self) -> int:
-        total = 0
-        for proc in self._procs:
+    def _members(self, pids: Sequence[int]) -> list[Any]:
+        seen: dict[int, Any] = {}
+        for pid in pids:
             try:
-                total += sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
+                proc = self._psutil.Process(pid)
+                children = [] if pid == os.getpid() else proc.children(recursive=True)
             except self._psutil.Error:
                 continue
-        return total
+            for p in [proc, *children]:
+                seen.setdefault(p.pid, p)
+        return list(seen.values())
+
+    def _sample_processes(self) -> None:
+        for group, pids in self._groups.items():
+            rss = 0
+            for proc in self._members(pids):
+                try:
+                    times = proc.cpu_times()
+                    rss += proc.memory_info().rss
+                except self._psutil.Error:
+                    continue
+                used_s = times.user + times.system
+                # A process first seen now counts from now: its past is not this level's.
+                self._busy_s[group] += used_s - self._cpu_s.get(proc.pid, used_s)
+                self._cpu_s[proc.pid] = used_s
+            self._peak_rss[group] = max(self._peak_rss[group], rss)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
             cores = self._psutil.cpu_percent(percpu=True)
             self._per_core.append(cores)
             self._cpu.append(sum(cores) / len(cores))
-            self._peak_rss = max(self._peak_rss, self._rss())
+            self._sample_processes()
+
+    def _group_cpu(self, group: str) -> float | None:
+        if not self._groups[group] or self._elapsed_s <= 0:
+            return None
+        return round(100 * self._busy_s[group] / self._elapsed_s, 1)
 
     def result(self) -> dict[str, Any]:
         cores = [sum(c) / len(c) for c in zip(*self._per_core, strict=True)] if self._cpu else []
         return {
             "cpu_percent_mean": round(sum(self._cpu) / len(self._cpu), 1) if self._cpu else None,
             "cpu_percent_per_core_mean": [round(c, 1) for c in cores],
-            "peak_rss_mib": round(self._peak_rss / 2**20, 1),
+            "daemon_cpu_percent_mean": self._group_cpu("daemon"),
+            "client_cpu_percent_mean": self._group_cpu("client"),
+            "peak_rss_mib": self._group_rss_mib("daemon"),
+            "client_peak_rss_mib": self._group_rss_mib("client"),
+        }
+
+    def _group_rss_mib(self, group: str) -> float | None:
+        return round(self._peak_rss[group] / 2**20, 1) if self._groups[group] else None
+
+
+def _nvml() -> tuple[Any, str | None]:
+    """pynvml (package nvidia-ml-py), initialised, or None and why not."""
+    try:
+        # Imported by name: it is only on GPU machines, and it has no type information.
+        nvml = importlib.import_module("pynvml")
+    except ImportError:
+        return None, "nvidia-ml-py (pynvml) not installed"
+    try:
+        nvml.nvmlInit()
+        if nvml.nvmlDeviceGetCount() < 1:
+            nvml.nvmlShutdown()
+            return None, "NVML found no GPU"
+    except Exception as exc:  # pynvml raises NVMLError subclasses, made up per error code
+        return None, f"NVML unavailable: {exc}"
+    return nvml, None
+
+
+def gpu_facts() -> tuple[str | None, str | None]:
+    """GPU 0's name, or None and why there is none to report."""
+    nvml, note = _nvml()
+    if nvml is None:
+        return None, note
+    try:
+        name = nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(0))
+    finally:
+        nvml.nvmlShutdown()
+    return name.decode() if isinstance(name, bytes) else str(name), None
+
+
+class GpuMonitor:
+    """GPU 0's busy share (NVML `utilization.gpu`: the time a kernel was running, in %) every
+    100 ms on its own thread; no figures without pynvml or a GPU."""
+
+    def __init__(self, interval_s: float = 0.1) -> None:
+        self._interval_s = interval_s
+        self._busy: list[float] = []
+        self._nvml: Any = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-gpu-monitor", daemon=True)
+
+    def __enter__(self) -> GpuMonitor:
+        self._nvml, _ = _nvml()
+        if self._nvml is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._nvml is not None:
+            self._stop.set()
+            self._thread.join()
+            self._nvml.nvmlShutdown()
+
+    def _run(self) -> None:
+        try:
+            handle = self._nvml.nvmlDeviceGetHandleByIndex(0)
+            while not self._stop.wait(self._interval_s):
+                self._busy.append(float(self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu))
+        except Exception:  # e.g. NVMLError_NotSupported (a MIG slice): no figures, no crash
+            return
+
+    def result(self) -> dict[str, float | None]:
+        mean = sum(self._busy) / len(self._busy) if self._busy else None
+        p95 = percentile(self._busy, 95)
+        return {
+            "gpu_busy_percent_mean": None if mean is None else round(mean, 1),
+            "gpu_busy_percent_p95": None if p95 is None else round(p95, 1),
         }
 
 
@@ -202,7 +320,8 @@ def plot_cdfs(path: Path, title: str, series: Mapping[str, Sequence[float]]) -> 
 def plot_capacity(
     path: Path, title: str, series: dict[str, list[tuple[int, float | None, float | None]]]
 ) -> None:
-    """p95 partial lag and p95 final latency (seconds) against concurrent streams."""
+    """p95 partial lag and p95 final latency (seconds) against the peak of live streams: one
+    point per level, `(peak_live_streams, lag_p95_ms, final_p95_ms)`, one line per system."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for name, points in series.items():
@@ -210,7 +329,7 @@ def plot_capacity(
             xy = [(p[0], y / 1000) for p in points if (y := p[index]) is not None]
             ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o", label=name)
     for ax, what in zip(axes, ("p95 partial lag", "p95 final latency"), strict=True):
-        ax.set(title=what, xlabel="concurrent real-time streams", ylabel="seconds")
+        ax.set(title=what, xlabel="peak live real-time streams", ylabel="seconds")
         ax.grid(alpha=0.3)
         ax.legend()
     _save(plt, fig, path, title)
