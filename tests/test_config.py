@@ -229,6 +229,8 @@ def _section_strategy(cls: type[Any]) -> st.SearchStrategy[Any]:
         default = f.default
         if f.name in _RANGED:
             fields[f.name] = st.floats(min_value=0.0, max_value=30.0)
+        elif f.name == "workers":  # > 1 refuses TLS: see test_workers_need_plain_ws
+            fields[f.name] = st.just(1)
         elif f.name == "allowed_origins":
             fields[f.name] = _origins
         elif f.name in _POSITIVE and isinstance(default, int):
@@ -307,3 +309,11 @@ def test_allowed_origins_round_trip(tmp_path: Path) -> None:
     config = load_config(_write(tmp_path, text))
     assert config.server.allowed_origins == ("https://app.example.com", "*")
     assert load_config(_write(tmp_path, dump_toml(config))) == config
+
+
+def test_workers_need_plain_ws() -> None:
+    with pytest.raises(ConfigError, match="between 1 and 64"):
+        config_from_mapping({"server": {"workers": 0}})
+    with pytest.raises(ConfigError, match="terminate TLS in front"):
+        config_from_mapping({"server": {"workers": 2, "tls_cert": "cert.pem"}})
+    assert config_from_mapping({"server": {"workers": 4}}).server.workers == 4
