@@ -9,6 +9,8 @@ used on every thread.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 
 class CaptiondError(Exception):
     """Base of every error captiond raises on purpose."""
@@ -121,9 +123,12 @@ CLOSE_CODES: dict[type[SessionError], int] = {
 }
 
 
-def close_code_for(error: SessionError) -> int:
-    """Protocol v1's close code for `error` (its class's, or the nearest base class's)."""
+def close_code_for(
+    error: SessionError, codes: Mapping[type[SessionError], int] = CLOSE_CODES
+) -> int:
+    """The close code for `error` in `codes` (protocol v1's by default): its class's, or the
+    nearest base class's."""
     for cls in type(error).__mro__:
-        if cls in CLOSE_CODES:
-            return CLOSE_CODES[cls]
+        if cls in codes:
+            return codes[cls]
     return CLOSE_INTERNAL

@@ -3,12 +3,12 @@
 A thin asyncio shell on the event-loop thread around the Sans-I/O StreamSession. It runs as the
 whole daemon (listening itself, the engine in the same process), or as one worker process of
 several (`slot` set: the main process hands it accepted connections, see workers.py, and its
-decodes go to the main process's engine core). Requests are
-checked before the upgrade (access.py: Origin, token); connections per IP and the session limit
-right after it. A stream's session lives in a LiveStream (connection.py: reader, pump, journal,
-limits, close codes) that outlives its connection: this module opens it, gives it back to a
-client that presents its resume token (from memory, or after a restart from the journal), and
-writes its log line and journal end record when it is over.
+decodes go to the main process's engine core). Requests are checked before the upgrade
+(access.py: Origin, token); connections per IP and the session limit right after it. A stream's
+session lives in a LiveStream (connection.py: reader, pump, journal, limits, close codes) that
+outlives its connection: this module opens it, gives it back to a client that presents its
+resume token (from memory, or after a restart from the journal), and writes its log line and
+journal end record when it is over.
 """
 
 from __future__ import annotations

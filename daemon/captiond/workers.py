@@ -50,10 +50,9 @@ _READY_TIMEOUT_S = 60.0
 # long is hung and is replaced. Generous: an overloaded machine delays reports, and replacing
 # a slow worker would drop every stream it serves.
 _SILENT_S = 60.0
-# A connection that has not sent its request line by then is closed, as websockets would.
+# A connection that has not sent its request line, and found its worker ready, by then is
+# closed (as websockets closes a silent one).
 _REQUEST_LINE_TIMEOUT_S = 10.0
-# How long a connection for a worker that is restarting waits for it.
-_WORKER_BACK_S = 10.0
 # Between restarts of a worker that keeps failing: first, then doubling up to the second.
 _RESTART_BACKOFF_S = (0.5, 30.0)
 # A worker that ran this long before it failed starts again without delay.
@@ -206,7 +205,6 @@ class WorkerPool:
                 stdin=asyncio.subprocess.PIPE,
                 pass_fds=(ctrl_child.fileno(), link_child.fileno()),
                 env=env,
-                start_new_session=False,
             )
         finally:
             ctrl_child.close()
@@ -300,9 +298,7 @@ class WorkerPool:
                     worker = self._workers[
                         worker_for(target, len(self._workers), self._next_in_turn())
                     ]
-                    while not worker.ready.is_set() and not self._stopping:
-                        async with asyncio.timeout(_WORKER_BACK_S):
-                            await worker.ready.wait()
+                    await worker.ready.wait()  # restarting: it is back within the timeout
             except TimeoutError:
                 return
             if worker.ctrl is None or self._stopping:

@@ -11,7 +11,6 @@ import argparse
 import contextlib
 import json
 import os
-import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,17 +199,14 @@ async def _worker_pool(
     # Imported here: only `bench capacity --workers` needs it.
     from captiond.workers import WorkerPool
 
-    # The workers' prometheus_client files. This process keeps its metrics in memory (it set no
-    # PROMETHEUS_MULTIPROC_DIR before importing prometheus_client), where the bench reads the
-    # engine's figures; the workers' /metrics then lack this process's share, which the bench
-    # does not read.
-    with tempfile.TemporaryDirectory(prefix="captiond-bench-metrics-") as metrics_dir:
-        pool = WorkerPool(config, scheduler, metrics_dir=Path(metrics_dir))
-        await pool.start()
-        try:
-            yield pool.port, list(pool.pids)
-        finally:
-            await pool.shutdown()
+    # The workers' metrics go to a folder of the pool's own; this process keeps its metrics in
+    # memory, where the bench reads the engine's figures.
+    pool = WorkerPool(config, scheduler)
+    await pool.start()
+    try:
+        yield pool.port, list(pool.pids)
+    finally:
+        await pool.shutdown()
 
 
 @contextlib.asynccontextmanager

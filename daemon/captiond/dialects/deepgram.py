@@ -47,6 +47,7 @@ import numpy as np
 from captiond import SAMPLE_RATE_HZ, __version__
 from captiond.dialects import Received
 from captiond.errors import (
+    CLOSE_CODES,
     BadAudioError,
     BadMessageError,
     FrameTooLargeError,
@@ -75,8 +76,9 @@ MAX_CHANNELS = 8
 # How far the daemon's 16 kHz stream may lag the audio received when a Finalize flushes it
 # (soxr's streaming delay: 40 ms at most, measured at 8-48 kHz).
 _RESAMPLER_LAG_MS = 100
-# Deepgram's close codes (its streaming error table); the rest as protocol v1 (standard ones).
+# Deepgram's close codes (its streaming error table) over protocol v1's (standard ones).
 _CLOSE_CODES: dict[type[SessionError], int] = {
+    **CLOSE_CODES,
     BadAudioError: 1008,
     BadMessageError: 1008,
     RateLimitedError: 1008,
@@ -268,10 +270,7 @@ class DeepgramDialect:
         return []
 
     def close_code(self, error: SessionError) -> int:
-        for cls in type(error).__mro__:
-            if cls in _CLOSE_CODES:
-                return _CLOSE_CODES[cls]
-        return close_code_for(error)
+        return close_code_for(error, _CLOSE_CODES)
 
     def _note_utterance_end(self, end_ms: int) -> None:
         """Whether the utterance ending at `end_ms` was closed by a Finalize: its end is where
