@@ -76,10 +76,10 @@ def test_dialogues_and_reading_against_the_whole_file_decode(
     """The decode with context (`captiond transcribe`: the same session, segmentation and
     context as streaming, without partials) meets the issue's pooled bound against whole-file
     faster-whisper (+ 1.0 point); the LJ reading's + 0.5 depends on the CPU's int8 kernels,
-    so it is held to a regression bound. Streamed, the finals keep the
-    stable words of greedy partials, which the beam-5 final decode would sometimes correct:
-    never contradicted, and within a looser regression bound (the issue's streaming target is
-    not met yet; the closing note gives the figures)."""
+    so it is held to a regression bound. Streamed finals keep the stable words of greedy
+    partials: never contradicted, and only words the partials were sure of, so they stay near
+    the decode (+ 0.4 pooled on one CPU); the bounds here are regression bounds, since which
+    partials run depends on the machine's speed and load."""
     clips = [m for m in speech_manifest if m["kind"] == "long"]
     assert len(clips) == 5, "four SpokenWOZ dialogues and the LJ Speech reading"
     pcms = {m["id"]: read_wav_int16(speech_dir / m["file"]) for m in clips}
@@ -110,15 +110,16 @@ def test_dialogues_and_reading_against_the_whole_file_decode(
         if m["id"].startswith("ljspeech"):
             # Regression bounds: the issue's +0.5 holds for the decode on one CPU (+0.0) and
             # not on another (+1.3 with AVX-512 int8 kernels: a few near-tie words flip).
-            # Streamed, which partials run depends on the machine's load: +1.3 to +2.2 seen.
+            # Streamed: +0.9 seen (+1.3 to +2.2 before stable words had to be sure).
             assert counts["decoded"].wer <= counts["whole-file"].wer + 0.015
-            assert counts["streamed"].wer <= counts["whole-file"].wer + 0.03
+            assert counts["streamed"].wer <= counts["whole-file"].wer + 0.02
     print("pooled", {name: round(c.wer, 4) for name, c in totals.items()})
     assert sum(len(ex.of("partial")) for ex in streamed.values()) > 100, "partials were shown"
     assert contradicted == 0
-    # The issue's pooled bound for the decode with context; a regression bound for streaming.
+    # The issue's pooled bound for the decode with context; a regression bound for streaming
+    # (+0.4 seen; +2.1 before stable words had to be sure).
     assert totals["decoded"].wer <= totals["whole-file"].wer + 0.01
-    assert totals["streamed"].wer <= totals["whole-file"].wer + 0.03
+    assert totals["streamed"].wer <= totals["whole-file"].wer + 0.015
 
 
 def test_nonspeech_shows_no_words(

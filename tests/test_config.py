@@ -229,6 +229,8 @@ def _section_strategy(cls: type[Any]) -> st.SearchStrategy[Any]:
         default = f.default
         if f.name in _RANGED:
             fields[f.name] = st.floats(min_value=0.0, max_value=30.0)
+        elif f.name == "stable_min_probability":
+            fields[f.name] = st.floats(min_value=0.0, max_value=1.0)
         elif f.name == "workers":  # > 1 refuses TLS: see test_workers_need_plain_ws
             fields[f.name] = st.just(1)
         elif f.name == "allowed_origins":
@@ -285,6 +287,12 @@ def test_dump_toml_round_trips_control_characters(tmp_path: Path, escape: str) -
 def test_windows_longer_than_whisper_are_refused(table: dict[str, float]) -> None:
     with pytest.raises(ConfigError, match=r"\[stream\]"):
         config_from_mapping({"stream": table})
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.5])
+def test_stable_min_probability_is_a_probability(p: float) -> None:
+    with pytest.raises(ConfigError, match="stable_min_probability must be between 0 and 1"):
+        config_from_mapping({"stream": {"stable_min_probability": p}})
 
 
 @pytest.mark.parametrize(

@@ -1,12 +1,15 @@
-"""Decode context (context.py) and the prompt budget (engines.fit_prompt), without a model."""
+"""Decode context (context.py), the prompt budget (engines.fit_prompt) and unit probabilities
+(engines.unit_probabilities), without a model."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from captiond.context import CommittedFinal, TranscriptContext, tail_words
-from captiond.engines import PROMPT_BUDGET_TOKENS, fit_prompt
+from captiond.engines import PROMPT_BUDGET_TOKENS, fit_prompt, unit_probabilities
 
 RATE = 16_000
 WINDOW = 30 * RATE
@@ -136,3 +139,16 @@ def test_forced_words_take_their_share_of_the_prefix_budget() -> None:
         utterance_start=4 * RATE, end_sample=6 * RATE, window_samples=WINDOW, forced_chars=15
     )
     assert (squeezed.prefix, squeezed.prompt) == ("b" * 10, "a" * 10)
+
+
+def test_unit_probabilities() -> None:
+    """A word is as sure as its least likely token; punctuation does not count; in Japanese
+    every character is a unit, and a token of two characters counts for both."""
+    vocab = {1: " Hel", 2: "lo", 3: ",", 4: " world", 5: ".", 6: "日本", 7: "語"}
+
+    def decode(tokens: Sequence[int]) -> str:
+        return "".join(vocab[t] for t in tokens)
+
+    assert unit_probabilities(decode, [1, 2, 3, 4, 5], [0.9, 0.5, 0.1, 0.8, 0.2]) == (0.5, 0.8)
+    assert unit_probabilities(decode, [6, 7], [0.4, 0.9]) == (0.4, 0.4, 0.9)
+    assert unit_probabilities(decode, [], []) == ()

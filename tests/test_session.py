@@ -708,6 +708,29 @@ def test_a_final_that_disagrees_keeps_the_stable_words_and_takes_the_rest() -> N
     assert driver.of(Final)[0].text == "And so my fellow Americans, ask not"
 
 
+def test_words_the_partials_were_unsure_of_are_not_stable() -> None:
+    # Every partial says "my", but at p = 0.3: the final may hear "am I", so neither "my" nor
+    # anything after it is promised; the words before it are.
+    def decode(request: EngineRequest) -> EngineResult:
+        if request.kind is DecodeKind.FINAL:
+            return EngineResult(text="And so am I fellow Americans, ask not")
+        words = ["And", "so", "my", "fellow", "Americans"]
+        probs = dict(zip(words, (0.9, 0.8, 0.3, 0.9, 0.9), strict=True))
+        new = words[len(request.prefix.split()) :]
+        return EngineResult(text=" ".join(new), unit_probs=tuple(probs[w] for w in new))
+
+    driver = Driver(decode, stream=NO_CONTEXT)
+    driver.send(np.concatenate([silence(0.5), tone(2.5), silence(1.0)]))
+    driver.control(Control.END)
+    assert {p.stable for p in driver.of(Partial)[1:]} == {"And so"}
+    assert driver.of(Final)[0].text == "And so am I fellow Americans, ask not"
+    # With the floor at 0, agreement alone decides, as for an engine that does not tell.
+    driver = Driver(decode, stream=dataclasses.replace(NO_CONTEXT, stable_min_probability=0))
+    driver.send(np.concatenate([silence(0.5), tone(2.5), silence(1.0)]))
+    driver.control(Control.END)
+    assert driver.of(Partial)[-1].stable == "And so my fellow"
+
+
 def test_later_decodes_continue_from_the_decoded_final_not_the_stable_words() -> None:
     finals = iter(["Hello there, friend.", "Second."])
 
@@ -733,7 +756,11 @@ def test_no_final_contradicts_its_stable_words(data: st.DataObject) -> None:
     def decode(request: EngineRequest) -> EngineResult:
         words = data.draw(st.lists(st.sampled_from(vocabulary), max_size=6))
         score = data.draw(st.sampled_from([-0.2, -2.0]))
-        return EngineResult(text=" ".join(words), avg_logprob=score, no_speech_prob=0.1)
+        sure = st.floats(min_value=0.01, max_value=1.0)
+        probs = data.draw(st.lists(sure, min_size=len(words), max_size=len(words)))
+        return EngineResult(
+            text=" ".join(words), avg_logprob=score, no_speech_prob=0.1, unit_probs=tuple(probs)
+        )
 
     driver = Driver(decode)
     for seconds in data.draw(st.lists(st.sampled_from([0.8, 1.7, 3.1]), min_size=1, max_size=3)):

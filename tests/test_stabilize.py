@@ -43,6 +43,22 @@ def test_hold_back_keeps_the_edge_guess_unstable() -> None:
     assert three.committed == ("to", "look", "at")
 
 
+def test_unsure_words_never_become_stable() -> None:
+    # Both partials agree on "my fellow", but the newest was sure of its first two words only:
+    # the final, with more audio and a beam, may still hear "am I fellow".
+    la = LocalAgreement()
+    la.update("and so my fellow Americans")
+    assert la.update("and so my fellow Americans ask", sure=2).stable == ("and", "so")
+    # Sure of all of them: agreement alone decides (the edge word still held back).
+    assert la.update("and so my fellow Americans ask not", sure=7).stable == (
+        "and",
+        "so",
+        "my",
+        "fellow",
+        "Americans",
+    )
+
+
 def test_disagreement_commits_nothing() -> None:
     la = LocalAgreement()
     la.update("the cat sat")

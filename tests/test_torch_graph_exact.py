@@ -19,10 +19,17 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from captiond.config import EngineConfig  # noqa: E402
-from captiond.engines import DecodeKind, EngineRequest, EngineResult  # noqa: E402
+from captiond.engines import (  # noqa: E402
+    DecodeKind,
+    EngineRequest,
+    EngineResult,
+    unit_probabilities,
+)
+from captiond.engines.faster_whisper import token_probabilities  # noqa: E402
 from captiond.engines.torch_graph import TorchGraphEngine  # noqa: E402
 from captiond.engines.torch_graph.mel import N_FRAMES  # noqa: E402
 from captiond.models import resolve_model  # noqa: E402
+from captiond.text import units  # noqa: E402
 
 pytestmark = pytest.mark.model
 
@@ -119,6 +126,7 @@ def _reference_decode(model: Any, request: EngineRequest) -> tuple[Any, int]:
         beam_size=1,
         max_length=448,
         return_scores=True,
+        return_logits_vocab=True,
         return_no_speech_prob=True,
         suppress_blank=True,
         suppress_tokens=suppress,
@@ -138,9 +146,13 @@ def test_log_mel_matches_faster_whisper(
 
 
 def test_greedy_tokens_identical_to_faster_whisper(
-    faster_whisper_model: Any, clips: list[EngineRequest], singles: list[EngineResult]
+    engine: TorchGraphEngine,
+    faster_whisper_model: Any,
+    clips: list[EngineRequest],
+    singles: list[EngineResult],
 ) -> None:
     mismatches = []
+    worst_p = 0.0
     for i, (request, ours) in enumerate(zip(clips, singles, strict=True)):
         theirs, n_prefix = _reference_decode(faster_whisper_model, request)
         sequence = list(theirs.sequences_ids[0])
@@ -153,7 +165,16 @@ def test_greedy_tokens_identical_to_faster_whisper(
         avg_logprob = theirs.scores[0] * len(sequence) / (len(tokens) + 1)
         assert ours.avg_logprob == pytest.approx(avg_logprob, abs=1e-3)
         assert ours.no_speech_prob == pytest.approx(theirs.no_speech_prob, abs=1e-3)
+        # The words' probabilities (stable words need them): CTranslate2's distributions.
+        steps = theirs.logits[0][n_prefix : len(sequence)]
+        probs = token_probabilities(steps, tokens)
+        expected = unit_probabilities(engine.tokens.decode, tokens, probs)
+        assert len(ours.unit_probs) == len(expected) == len(units(ours.text))
+        gaps = [abs(a - b) for a, b in zip(ours.unit_probs, expected, strict=True)]
+        worst_p = max([worst_p, *gaps])
     print(f"{len(clips) - len(mismatches)}/{len(clips)} clips token-identical")
+    print(f"max |p(word) - faster-whisper| = {worst_p:.2e}")
+    assert worst_p < 0.01
     assert not mismatches, f"token mismatch on clips {mismatches}"
 
 

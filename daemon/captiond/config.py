@@ -71,6 +71,10 @@ class StreamConfig:
     partial_interval_ms: int = 500
     # Words at the end of a partial that never become stable (stabilize.py).
     stable_hold_back_words: int = 1
+    # A word becomes stable only where the newest partial chose it, and every word before it,
+    # with at least this probability (greedy partials; 0: agreement alone decides). A word
+    # Whisper was unsure of is one the final decode, with more audio and a beam, may change.
+    stable_min_probability: float = 0.5
     max_utterance_s: float = 20.0
     # Where a long utterance may be cut: the quietest frame of this last stretch.
     cut_search_s: float = 3.0
@@ -313,6 +317,8 @@ def _check_stream(stream: StreamConfig) -> None:
             raise ConfigError(f"[stream] {key} must be between 0 and {WHISPER_WINDOW_S:g} s")
     if stream.max_utterance_s > WHISPER_WINDOW_S:
         raise ConfigError(f"[stream] max_utterance_s must be at most {WHISPER_WINDOW_S:g} s")
+    if not 0 <= stream.stable_min_probability <= 1:
+        raise ConfigError("[stream] stable_min_probability must be between 0 and 1")
 
 
 def load_config(path: Path | None) -> Config:

@@ -231,7 +231,7 @@ class StreamSession:
         if request.kind is DecodeKind.FINAL:
             self._finish(self._closed.popleft(), request, decoded=text)
         elif self._open is not None and self._open.index == request.utterance and text:
-            self._show_partial(self._open, request, text)
+            self._show_partial(self._open, request, text, self._sure_units(request, result, new))
         self._maybe_done()
 
     def abandon(self, request: DecodeRequest) -> None:
@@ -400,8 +400,20 @@ class StreamSession:
             self._segments += 1
         return utt.segment
 
-    def _show_partial(self, utt: _Utterance, request: DecodeRequest, text: str) -> None:
-        split = utt.agreement.update(text)
+    def _sure_units(self, request: DecodeRequest, result: EngineResult, new: str) -> int | None:
+        """How many leading units of a partial the decoder was sure of: the forced ones, then
+        the decoded ones before the first below `stable_min_probability` (None: not known)."""
+        floor = self._stream.stable_min_probability
+        if floor <= 0 or not new or not result.unit_probs:
+            return None
+        probs = result.unit_probs
+        sure = next((i for i, p in enumerate(probs) if p < floor), len(probs))
+        return len(request.forced_words) + sure
+
+    def _show_partial(
+        self, utt: _Utterance, request: DecodeRequest, text: str, sure: int | None
+    ) -> None:
+        split = utt.agreement.update(text, sure)
         utt.rev += 1
         self._outbox.append(
             Partial(

@@ -47,11 +47,14 @@ class LocalAgreement:
     def committed(self) -> tuple[str, ...]:
         return tuple(self._committed)
 
-    def update(self, hypothesis: str) -> Split:
-        """Take the newest hypothesis of the whole utterance; return its stable/unstable split."""
+    def update(self, hypothesis: str, sure: int | None = None) -> Split:
+        """Take the newest hypothesis of the whole utterance and how many of its leading words
+        the decoder was sure of (None: all); return its stable/unstable split."""
         words = units(hypothesis)
         # Agreement of the two newest hypotheses beyond what is already committed.
         limit = min(len(self._previous) - self._hold_back, len(words))
+        if sure is not None:
+            limit = min(limit, sure)
         agreed = len(self._committed)
         while agreed < limit and _norm(self._previous[agreed]) == _norm(words[agreed]):
             agreed += 1

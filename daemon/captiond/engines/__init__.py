@@ -8,9 +8,11 @@ Engine modules are imported lazily so that `import captiond` never imports torch
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
+
+from captiond.text import units
 
 if TYPE_CHECKING:
     import numpy as np
@@ -74,6 +76,9 @@ class EngineResult:
     # The language decoded in, and its detected probability (1.0 when it was given).
     language: str | None = None
     language_probability: float = 1.0
+    # p of each text unit of `text` (text.units): its least likely token's probability. Only
+    # greedy decodes tell (a beam's choice is not one token's probability); empty otherwise.
+    unit_probs: tuple[float, ...] = ()
 
 
 class Engine(Protocol):
@@ -147,6 +152,25 @@ def choose_language(probabilities: dict[str, float], hint: str | None) -> tuple[
     if probabilities[detected] >= LANGUAGE_SWITCH_PROBABILITY:
         return detected, probabilities[detected]
     return hint, probabilities[hint]
+
+
+def unit_probabilities(
+    decode: Callable[[Sequence[int]], str], tokens: Sequence[int], token_probs: Sequence[float]
+) -> tuple[float, ...]:
+    """p of each text unit of `decode(tokens).strip()`: the least likely of the tokens it is
+    made of (a token that only ends a word, or a byte of a character, counts for it), where
+    punctuation does not count: words agree up to their punctuation (stabilize.py), and Whisper
+    is often unsure between a comma and a full stop. The same rule in every engine."""
+    probs: list[float] = []
+    for end, p in enumerate(token_probs, start=1):
+        if not any(ch.isalnum() for ch in decode(tokens[end - 1 : end])):
+            p = 1.0
+        n = len(units(decode(tokens[:end]).strip()))
+        if n > len(probs):
+            probs.extend([p] * (n - len(probs)))
+        elif probs:
+            probs[-1] = min(probs[-1], p)
+    return tuple(probs)
 
 
 def cuda_available() -> bool:

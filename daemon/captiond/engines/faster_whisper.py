@@ -23,6 +23,7 @@ from captiond.engines import (
     EngineResult,
     choose_language,
     fit_prompt,
+    unit_probabilities,
 )
 from captiond.errors import ConfigError
 from captiond.models import model_display_name
@@ -181,6 +182,8 @@ class FasterWhisperEngine:
                 beam_size=beam,
                 max_length=MAX_LENGTH,
                 return_scores=True,
+                # A greedy decode's per-step distributions: its tokens' probabilities.
+                return_logits_vocab=beam == 1,
                 return_no_speech_prob=True,
                 suppress_blank=True,
                 suppress_tokens=get_suppressed_tokens(tokenizers[idx[0]], [-1]),
@@ -202,13 +205,30 @@ class FasterWhisperEngine:
         # by the generated tokens + 1 (faster-whisper's rule, here without the prefix).
         avg_logprob = out.scores[0] * len(sequence) / (len(tokens) + 1)
         text = tokenizer.decode(tokens).strip()
+        unit_probs: tuple[float, ...] = ()
+        # logits[0][k] is the distribution sequence[k] was chosen from (greedy decodes only).
+        steps = out.logits[0][n_prefix : len(sequence)] if out.logits else []
+        if len(steps) == len(tokens):
+            probs = token_probabilities(steps, tokens)
+            unit_probs = unit_probabilities(tokenizer.decode, tokens, probs)
         return EngineResult(
             text=text,
             tokens=tuple(tokens),
             avg_logprob=float(avg_logprob),
             no_speech_prob=float(out.no_speech_prob),
             compression_ratio=compression_ratio(text),
+            unit_probs=unit_probs,
         )
+
+
+def token_probabilities(steps: Sequence[Any], tokens: Sequence[int]) -> list[float]:
+    """softmax(step)[token] for each of CTranslate2's per-step logits vectors (in float64)."""
+    probs = []
+    for step, token in zip(steps, tokens, strict=True):
+        logits = np.asarray(step, dtype=np.float64)
+        shifted = np.exp(logits - logits.max())
+        probs.append(float(shifted[token] / shifted.sum()))
+    return probs
 
 
 def transcribe_whole_file(

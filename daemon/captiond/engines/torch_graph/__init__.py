@@ -16,6 +16,7 @@ replayed from a CUDA graph of the batch's bucket; the host looks at the finished
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,7 +25,13 @@ import numpy.typing as npt
 import torch
 
 from captiond.config import EngineConfig
-from captiond.engines import DecodeKind, EngineRequest, EngineResult, choose_language
+from captiond.engines import (
+    DecodeKind,
+    EngineRequest,
+    EngineResult,
+    choose_language,
+    unit_probabilities,
+)
 from captiond.engines.torch_graph.cuda_graph import StepGraphs, bucket_for, bucket_sizes
 from captiond.engines.torch_graph.decode import GreedyDecoder
 from captiond.engines.torch_graph.kv_cache import allocate_cache
@@ -177,6 +184,9 @@ class TorchGraphEngine:
                     compression_ratio=compression_ratio(text),
                     language=language,
                     language_probability=probability,
+                    unit_probs=unit_probabilities(
+                        self.tokens.decode, row.tokens, [math.exp(p) for p in row.token_logprobs]
+                    ),
                 )
             )
         return results

@@ -32,6 +32,7 @@ from captiond.engines.torch_graph.tokens import PromptPlan, WhisperTokens
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DecodedRow:
     tokens: tuple[int, ...]  # without the final <|endoftext|>
+    token_logprobs: tuple[float, ...]  # of each of `tokens`, as chosen
     avg_logprob: float
     no_speech_prob: float
 
@@ -47,6 +48,7 @@ class StepState:
     max_new: torch.Tensor  # [B] int64
     cum_logprob: torch.Tensor  # [B] float32
     out_tokens: torch.Tensor  # [B, n_text_ctx] int64
+    out_logprobs: torch.Tensor  # [B, n_text_ctx] float32, of each out_tokens
 
 
 def _mask(n_vocab: int, token_ids: Sequence[int], device: torch.device) -> torch.Tensor:
@@ -90,6 +92,7 @@ class GreedyDecoder:
             max_new=zeros(rows),
             cum_logprob=zeros(rows, dtype=torch.float32),
             out_tokens=zeros(rows, cache.n_text_ctx),
+            out_logprobs=zeros(rows, cache.n_text_ctx, dtype=torch.float32),
         )
         # Host mirrors, pinned on CUDA so device-to-host copies are async DMA.
         pinned = device.type == "cuda"
@@ -98,6 +101,9 @@ class GreedyDecoder:
         self.host_cum = torch.zeros(rows, dtype=torch.float32, pin_memory=pinned)
         self.host_tokens = torch.zeros(
             (rows, cache.n_text_ctx), dtype=torch.int64, pin_memory=pinned
+        )
+        self.host_logprobs = torch.zeros(
+            (rows, cache.n_text_ctx), dtype=torch.float32, pin_memory=pinned
         )
         self.host_no_speech = torch.zeros(rows, dtype=torch.float32, pin_memory=pinned)
 
@@ -143,6 +149,7 @@ class GreedyDecoder:
         state.cum_logprob[:bucket].zero_()
         state.cum_logprob[:n].copy_(first_logprob)
         state.out_tokens[:n, 0].copy_(first)
+        state.out_logprobs[:n, 0].copy_(first_logprob)
         return no_speech
 
     def step(self, bucket: int) -> None:
@@ -157,6 +164,7 @@ class GreedyDecoder:
         s.cum_logprob[:bucket].add_(torch.where(active, logprob, 0.0))
         # Finished rows write <|endoftext|> past their end; the host reads only `counts` tokens.
         s.out_tokens[:bucket].scatter_(1, counts[:, None], chosen[:, None])
+        s.out_logprobs[:bucket].scatter_(1, counts[:, None], logprob.float()[:, None])
         counts.add_(active.long())
         finished.logical_or_(chosen == self.eot).logical_or_(counts >= s.max_new[:bucket])
         # Clamp: a row that just finished must not index past the cache on later replays.
@@ -185,11 +193,13 @@ class GreedyDecoder:
                 (self.host_counts[:n], s.counts[:n]),
                 (self.host_cum[:n], s.cum_logprob[:n]),
                 (self.host_tokens[:n], s.out_tokens[:n]),
+                (self.host_logprobs[:n], s.out_logprobs[:n]),
                 (self.host_no_speech[:n], no_speech.float()),
             ]
         )
         counts = self.host_counts[:n].tolist()
         out = self.host_tokens[:n].tolist()
+        logprobs = self.host_logprobs[:n].tolist()
         cum = self.host_cum[:n].tolist()
         no_speech_host = self.host_no_speech[:n].tolist()
         rows = []
@@ -201,6 +211,7 @@ class GreedyDecoder:
             rows.append(
                 DecodedRow(
                     tokens=tuple(generated),
+                    token_logprobs=tuple(logprobs[i][: len(generated)]),
                     avg_logprob=cum[i] / (len(generated) + 1),
                     no_speech_prob=no_speech_host[i],
                 )
