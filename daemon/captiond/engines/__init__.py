@@ -76,8 +76,9 @@ class EngineResult:
     # The language decoded in, and its detected probability (1.0 when it was given).
     language: str | None = None
     language_probability: float = 1.0
-    # p of each text unit of `text` (text.units): its least likely token's probability. Only
-    # greedy decodes tell (a beam's choice is not one token's probability); empty otherwise.
+    # p of each text unit of `text` (text.units): its least likely token's probability, for
+    # greedy partials (stable words need it; a beam's choice is not one token's probability,
+    # and finals do not need it); empty otherwise.
     unit_probs: tuple[float, ...] = ()
 
 

@@ -189,7 +189,8 @@ class FasterWhisperEngine:
                 suppress_tokens=get_suppressed_tokens(tokenizers[idx[0]], [-1]),
             )
             for i, out in zip(idx, generated, strict=True):
-                result = self._result(tokenizers[i], out, planned[i][1])
+                partial = requests[i].kind is DecodeKind.PARTIAL
+                result = self._result(tokenizers[i], out, planned[i][1], partial)
                 language, probability = languages[i]
                 results[i] = dataclasses.replace(
                     result, language=language, language_probability=probability
@@ -197,7 +198,7 @@ class FasterWhisperEngine:
         return [results[i] for i in range(len(requests))]
 
     @staticmethod
-    def _result(tokenizer: Any, out: Any, n_prefix: int) -> EngineResult:
+    def _result(tokenizer: Any, out: Any, n_prefix: int, partial: bool) -> EngineResult:
         sequence = list(out.sequences_ids[0])
         tokens = sequence[n_prefix:]
         # CTranslate2's score is the cumulative log-prob over the whole sequence (forced prefix
@@ -208,7 +209,7 @@ class FasterWhisperEngine:
         unit_probs: tuple[float, ...] = ()
         # logits[0][k] is the distribution sequence[k] was chosen from (greedy decodes only).
         steps = out.logits[0][n_prefix : len(sequence)] if out.logits else []
-        if len(steps) == len(tokens):
+        if partial and len(steps) == len(tokens):
             probs = token_probabilities(steps, tokens)
             unit_probs = unit_probabilities(tokenizer.decode, tokens, probs)
         return EngineResult(

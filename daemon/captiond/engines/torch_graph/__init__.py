@@ -173,8 +173,10 @@ class TorchGraphEngine:
                     break
             rows = self.decoder.read_back(no_speech, n)
         results = []
-        for row, (language, probability) in zip(rows, languages, strict=True):
+        for row, request, (language, probability) in zip(rows, requests, languages, strict=True):
             text = self.tokens.decode(row.tokens).strip()
+            probs = [math.exp(p) for p in row.token_logprobs]
+            partial = request.kind is DecodeKind.PARTIAL
             results.append(
                 EngineResult(
                     text=text,
@@ -184,8 +186,8 @@ class TorchGraphEngine:
                     compression_ratio=compression_ratio(text),
                     language=language,
                     language_probability=probability,
-                    unit_probs=unit_probabilities(
-                        self.tokens.decode, row.tokens, [math.exp(p) for p in row.token_logprobs]
+                    unit_probs=(
+                        unit_probabilities(self.tokens.decode, row.tokens, probs) if partial else ()
                     ),
                 )
             )
