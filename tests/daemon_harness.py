@@ -1,4 +1,5 @@
-"""Test harness: a real captiond daemon on a free loopback port, and a tiny protocol client."""
+"""Test harness: a real captiond daemon on a free loopback port, a tiny protocol client, and the
+service manager's end of $NOTIFY_SOCKET."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import contextlib
 import dataclasses
 import json
 import os
+import socket
+import subprocess
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -161,3 +166,35 @@ def check_invariants(ex: Exchange) -> None:
     if ex.of("done"):
         assert ex.messages[-1]["type"] == "done"
         assert ex.messages[-1]["segments"] == len(finals)
+
+
+class NotifyListener:
+    """The service manager's side of $NOTIFY_SOCKET: every datagram, in order."""
+
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.2)
+        self.messages: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                self.messages.extend(self.sock.recv(4096).decode().splitlines())
+
+    def wait_for(self, text: str, limit_s: float, proc: subprocess.Popen[Any] | None = None) -> int:
+        """The index of the first line containing `text`, waiting up to `limit_s` for it."""
+        deadline = time.monotonic() + limit_s
+        while (found := next((i for i, m in enumerate(self.messages) if text in m), None)) is None:
+            assert proc is None or proc.poll() is None, "the daemon exited"
+            assert time.monotonic() < deadline, self.messages
+            time.sleep(0.05)
+        return found
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()

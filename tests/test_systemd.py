@@ -5,7 +5,6 @@ WATCHDOG, STOPPING) and finalizes a live stream on SIGTERM before closing it wit
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import shutil
@@ -13,8 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import REPO_ROOT, missing_tool, read_wav_int16
+from daemon_harness import NotifyListener
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
@@ -83,37 +81,6 @@ def test_notifier_speaks_to_abstract_sockets_and_reads_the_watchdog() -> None:
 
 
 # -- a real daemon under a pretend service manager -------------------------------------------
-
-
-class NotifyListener:
-    """The service manager's side of $NOTIFY_SOCKET: every datagram, in order."""
-
-    def __init__(self, path: Path) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(str(path))
-        self.sock.settimeout(0.2)
-        self.messages: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                self.messages.extend(self.sock.recv(4096).decode().splitlines())
-
-    def wait_for(self, line: str, limit_s: float, proc: subprocess.Popen[Any] | None) -> int:
-        deadline = time.monotonic() + limit_s
-        while line not in self.messages:
-            assert proc is None or proc.poll() is None, "the daemon exited"
-            assert time.monotonic() < deadline, self.messages
-            time.sleep(0.05)
-        return self.messages.index(line)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sock.close()
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ import numpy as np
 import pytest
 from conftest import read_wav_int16
 from daemon_harness import (
+    NotifyListener,
     check_invariants,
     collect,
     make_config,
@@ -181,26 +181,9 @@ def test_viewers_reach_the_worker_that_runs_the_sources() -> None:
 # -- the real `captiond serve --workers 2`: systemd notify, watchdog, SIGTERM drain ------------
 
 
-class NotifySocket:
-    def __init__(self, path: Path) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(str(path))
-        self.sock.settimeout(0.2)
-        self.messages: list[str] = []
-
-    def wait_for(self, text: str, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if any(text in m for m in self.messages):
-                return
-            with contextlib.suppress(TimeoutError):
-                self.messages.append(self.sock.recv(4096).decode())
-        raise AssertionError(f"no {text!r} in {self.messages}")
-
-
 @pytest.fixture
-def serve_workers(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], NotifySocket, int]]:
-    notify = NotifySocket(tmp_path / "notify")
+def serve_workers(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], NotifyListener, int]]:
+    notify = NotifyListener(tmp_path / "notify")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -214,11 +197,11 @@ def serve_workers(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Not
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
-            notify.sock.close()
+            notify.close()
 
 
 def test_serve_with_workers_notifies_watchdogs_and_drains_on_sigterm(
-    serve_workers: tuple[subprocess.Popen[bytes], NotifySocket, int], speech_dir: Path
+    serve_workers: tuple[subprocess.Popen[bytes], NotifyListener, int], speech_dir: Path
 ) -> None:
     proc, notify, port = serve_workers
     notify.wait_for("READY=1", 60)
