@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from captiond.context import CommittedFinal, TranscriptContext, tail_words
 from captiond.engines import PROMPT_BUDGET_TOKENS, fit_prompt, unit_probabilities
+from captiond.text import units
 
 RATE = 16_000
 WINDOW = 30 * RATE
@@ -152,3 +153,30 @@ def test_unit_probabilities() -> None:
     assert unit_probabilities(decode, [1, 2, 3, 4, 5], [0.9, 0.5, 0.1, 0.8, 0.2]) == (0.5, 0.8)
     assert unit_probabilities(decode, [6, 7], [0.4, 0.9]) == (0.4, 0.4, 0.9)
     assert unit_probabilities(decode, [], []) == ()
+
+
+_PIECES = [" Hel", "lo", ",", " world", ".", "日本", "語", "。", " ", " 。", " 1", "2", "\ufffd"]
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(min_value=0, max_value=len(_PIECES) - 1), st.floats(0.0, 1.0)),
+        max_size=30,
+    )
+)
+def test_unit_probabilities_equal_those_of_every_prefix(pairs: list[tuple[int, float]]) -> None:
+    """Counting units word by word gives what counting the units of every prefix gives."""
+    tokens, token_probs = [t for t, _ in pairs], [p for _, p in pairs]
+
+    def decode(ids: Sequence[int]) -> str:
+        return "".join(_PIECES[t] for t in ids)
+
+    expected: list[float] = []
+    for end, p in enumerate(token_probs, start=1):
+        sure = p if any(ch.isalnum() for ch in decode(tokens[end - 1 : end])) else 1.0
+        n = len(units(decode(tokens[:end]).strip()))
+        if n > len(expected):
+            expected.extend([sure] * (n - len(expected)))
+        elif expected:
+            expected[-1] = min(expected[-1], sure)
+    assert unit_probabilities(decode, tokens, token_probs) == tuple(expected)

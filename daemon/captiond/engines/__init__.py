@@ -161,12 +161,22 @@ def unit_probabilities(
     """p of each text unit of `decode(tokens).strip()`: the least likely of the tokens it is
     made of (a token that only ends a word, or a byte of a character, counts for it), where
     punctuation does not count: words agree up to their punctuation (stabilize.py), and Whisper
-    is often unsure between a comma and a full stop. The same rule in every engine."""
+    is often unsure between a comma and a full stop. The same rule in every engine.
+
+    Runs on the engine thread for every partial, so it decodes each word's tokens, not every
+    prefix of the text: a token that starts with a space and a letter or digit starts a unit,
+    and the units before it are counted once."""
     probs: list[float] = []
+    word_start = 0  # the first token of the current word
+    units_before = 0  # units of tokens[:word_start]
     for end, p in enumerate(token_probs, start=1):
-        if not any(ch.isalnum() for ch in decode(tokens[end - 1 : end])):
+        piece = decode(tokens[end - 1 : end])
+        if not any(ch.isalnum() for ch in piece):
             p = 1.0
-        n = len(units(decode(tokens[:end]).strip()))
+        if piece[:1].isspace() and piece.strip()[:1].isalnum() and end - 1 > word_start:
+            units_before += len(units(decode(tokens[word_start : end - 1])))
+            word_start = end - 1
+        n = units_before + len(units(decode(tokens[word_start:end])))
         if n > len(probs):
             probs.extend([p] * (n - len(probs)))
         elif probs:

@@ -176,14 +176,15 @@ class FasterWhisperEngine:
         results: dict[int, EngineResult] = {}
         for (frames, beam, _, _), idx in sorted(groups.items()):
             features = np.stack([self.features(requests[i].audio, frames) for i in idx])
+            # A greedy partial's per-step distributions give its words' probabilities.
+            partials = beam == 1 and any(requests[i].kind is DecodeKind.PARTIAL for i in idx)
             generated = self._model.model.generate(
                 self._model.encode(features),
                 [prompts[i] for i in idx],
                 beam_size=beam,
                 max_length=MAX_LENGTH,
                 return_scores=True,
-                # A greedy decode's per-step distributions: its tokens' probabilities.
-                return_logits_vocab=beam == 1,
+                return_logits_vocab=partials,
                 return_no_speech_prob=True,
                 suppress_blank=True,
                 suppress_tokens=get_suppressed_tokens(tokenizers[idx[0]], [-1]),
