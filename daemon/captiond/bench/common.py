@@ -209,15 +209,6 @@ async def _worker_pool(
         await pool.shutdown()
 
 
-@contextlib.asynccontextmanager
-async def daemon_url(
-    args: argparse.Namespace, env: BenchEnv
-) -> AsyncIterator[tuple[str, InferenceScheduler | None]]:
-    """--url as given, or a daemon in this process (port 0) sharing the bench's engine."""
-    async with bench_daemon(args, env) as daemon:
-        yield daemon.url, daemon.scheduler
-
-
 def header(args: argparse.Namespace, env: BenchEnv, bench: str) -> dict[str, Any]:
     """Machine, versions, config and the clips: the head of every bench JSON."""
     peer = None

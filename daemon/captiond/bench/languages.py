@@ -73,11 +73,11 @@ async def _stream_all(
     auto: dict[str, Trace] = {}
     given: dict[str, Trace] = {}
     progress = Progress("captiond", 2 * len(env.clips))
-    async with common.daemon_url(args, env) as (url, _):
+    async with common.bench_daemon(args, env) as daemon:
         for clip in env.clips:
             for traces, language in ((auto, "auto"), (given, languages[clip.id])):
                 traces[clip.id] = await stream_native(
-                    f"{url}?language={language}", clip.samples, speed=args.speed
+                    f"{daemon.url}?language={language}", clip.samples, speed=args.speed
                 )
                 progress.step(f"{clip.id} {language}")
     return auto, given

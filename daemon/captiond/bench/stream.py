@@ -124,7 +124,8 @@ async def _run_ours(args: argparse.Namespace, env: common.BenchEnv) -> dict[str,
     runs: dict[str, Trace] = {}
     requests: dict[str, float] = {}
     progress = Progress("captiond", len(env.clips))
-    async with common.daemon_url(args, env) as (url, scheduler):
+    async with common.bench_daemon(args, env) as daemon:
+        url, scheduler = daemon.url, daemon.scheduler
         for clip in env.clips:
             before = scheduler.stats.requests if scheduler else 0
             runs[clip.id] = await stream_native(url, clip.samples, speed=args.speed)
