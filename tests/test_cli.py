@@ -6,6 +6,7 @@ Real processes, the real model on real speech, a real port.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -152,7 +153,10 @@ def test_transcribe_json(speech_dir: Path, speech_manifest: list[dict[str, Any]]
         check=True,
     )
     out = json.loads(run.stdout)
-    assert "what you can do for your country" in out["text"].lower()
+    # "ask not" is a short, quiet phrase of its own that the speech gate must let through.
+    words = " ".join(re.sub(r"[^\w\s']", "", out["text"].lower()).split())
+    assert "ask not what your country can do for you" in words
+    assert "what you can do for your country" in words
     assert out["segments"] and {"start_ms", "end_ms", "text"} <= set(out["segments"][0])
 
 

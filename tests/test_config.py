@@ -213,11 +213,13 @@ def test_dump_toml_round_trips_changed_values(tmp_path: Path) -> None:
 _printable_text = st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs")), max_size=20)
 
 
-# Values a section checks (config._check_server, _check_stream): any value within its range.
+# Values a section checks (config._check_server, _check_stream, _check_engine): any value
+# within its range.
 # Fields with a bounded range (seconds); the strategy stays inside every such bound.
 _RANGED = {"context_s", "partial_context_s", "max_utterance_s", "resume_s"}
 _POSITIVE = {"idle_timeout_s", "max_audio_speed", "audio_burst_s", "max_buffered_s"}
 _POSITIVE |= {"drain_timeout_s", "max_sessions_per_ip"}
+_NON_NEGATIVE = {"cpu_threads", "decoder_threads"}
 _origins = st.lists(
     st.sampled_from(["*", "https://app.example.com", "http://127.0.0.1:8765", "http://[::1]"])
 ).map(tuple)
@@ -235,6 +237,8 @@ def _section_strategy(cls: type[Any]) -> st.SearchStrategy[Any]:
             fields[f.name] = st.just(1)
         elif f.name == "allowed_origins":
             fields[f.name] = _origins
+        elif f.name in _NON_NEGATIVE:
+            fields[f.name] = st.integers(min_value=0, max_value=2**62)
         elif f.name in _POSITIVE and isinstance(default, int):
             fields[f.name] = st.integers(min_value=1, max_value=2**62)
         elif f.name in _POSITIVE:
@@ -293,6 +297,12 @@ def test_windows_longer_than_whisper_are_refused(table: dict[str, float]) -> Non
 def test_stable_min_probability_is_a_probability(p: float) -> None:
     with pytest.raises(ConfigError, match="stable_min_probability must be between 0 and 1"):
         config_from_mapping({"stream": {"stable_min_probability": p}})
+
+
+@pytest.mark.parametrize("key", ["cpu_threads", "decoder_threads"])
+def test_thread_counts_are_not_negative(key: str) -> None:
+    with pytest.raises(ConfigError, match=f"{key} must be 0 or more"):
+        config_from_mapping({"engine": {key: -1}})
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,12 @@ import pytest
 from conftest import read_wav_int16
 from synth_sounds import SOUNDS
 
+from captiond.audio import FRAME_SAMPLES
+from captiond.config import Config
 from captiond.engines import DecodeKind, EngineRequest, EngineResult
 from captiond.engines.fake import FakeEngine
 from captiond.engines.speech_gate import NO_SPEECH, GatedEngine, has_speech
+from captiond.vad import UtteranceEnd, UtteranceStart, VadSegmenter, webrtc_vad
 
 
 class Recording(FakeEngine):
@@ -39,6 +42,24 @@ def test_made_sounds_are_not_speech(name: str) -> None:
 
 def test_speech_is_speech(speech: np.ndarray) -> None:
     assert has_speech(speech)
+
+
+def test_every_utterance_of_a_speech_is_speech(speech: np.ndarray) -> None:
+    """webrtcvad cuts JFK's sentence into four utterances; the second, "ask not", is short and
+    quiet (Silero: 6 frames at p >= 0.5, 20 at p >= 0.3) and still speech."""
+    config = Config()
+    segmenter = VadSegmenter(webrtc_vad(config.vad.aggressiveness), config.vad, config.stream)
+    frames = len(speech) // FRAME_SAMPLES
+    events = [
+        e
+        for i in range(frames)
+        for e in segmenter.push(speech[i * FRAME_SAMPLES :][:FRAME_SAMPLES])
+    ]
+    events += segmenter.flush(frames * FRAME_SAMPLES)
+    starts = [e.start_sample for e in events if isinstance(e, UtteranceStart)]
+    ends = [e.end_sample for e in events if isinstance(e, UtteranceEnd)]
+    assert len(starts) == len(ends) == 4
+    assert [has_speech(speech[s:e]) for s, e in zip(starts, ends, strict=True)] == [True] * 4
 
 
 def test_only_unconfirmed_requests_are_checked(speech: np.ndarray) -> None:

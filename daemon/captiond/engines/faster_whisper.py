@@ -2,12 +2,14 @@
 
 Constructed on the main thread, then used only on the engine thread. A batch of requests from
 many sessions becomes one `encode` of stacked 30 s windows and one `generate` per beam size,
-with one prompt per stream.
+with one prompt per stream. On the CPU the encoder runs on every core and `generate` on a
+second copy of the model with `decoder_threads` (1): decode steps are too small to split.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,6 +56,19 @@ class FasterWhisperEngine:
                 cpu_threads=config.cpu_threads,
                 local_files_only=True,
             )
+            self._decoder = self._model.model
+            if self._model.model.device == "cpu" and config.decoder_threads not in (
+                0,
+                config.cpu_threads or os.cpu_count(),
+            ):
+                import ctranslate2
+
+                self._decoder = ctranslate2.models.Whisper(
+                    str(model_path),
+                    device="cpu",
+                    compute_type=config.compute_type,
+                    intra_threads=config.decoder_threads,
+                )
         except (RuntimeError, ValueError) as exc:
             raise ConfigError(f"faster-whisper cannot load {str(model_path)!r}: {exc}") from exc
         self._model_name = model_display_name(model_path)
@@ -73,6 +88,11 @@ class FasterWhisperEngine:
         return bool(self._model.model.is_multilingual)
 
     @property
+    def separate_decoder(self) -> bool:
+        """`generate` runs on its own copy of the model, with `decoder_threads`."""
+        return self._decoder is not self._model.model
+
+    @property
     def max_batch(self) -> int:
         # On the CPU a batch costs as much as its requests one by one (measured: 331 ms per
         # 30 s window alone, 346 ms per window in fours), so batching only delays finals.
@@ -83,7 +103,7 @@ class FasterWhisperEngine:
         self.transcribe_batch([EngineRequest(audio=silence, kind=DecodeKind.PARTIAL)])
 
     def close(self) -> None:
-        del self._model
+        del self._model, self._decoder
 
     def features(
         self, audio: npt.NDArray[np.float32], frames: int = N_FRAMES
@@ -134,7 +154,7 @@ class FasterWhisperEngine:
             features = np.stack(
                 [self.features(requests[i].audio[requests[i].detect_from_sample :]) for i in todo]
             )
-            detected = self._model.model.detect_language(self._model.encode(features))
+            detected = self._decoder.detect_language(self._model.encode(features))
             for i, pairs in zip(todo, detected, strict=True):
                 # Tokens look like "<|de|>": the code between the brackets.
                 probabilities = {token[2:-2]: prob for token, prob in pairs}
@@ -178,7 +198,7 @@ class FasterWhisperEngine:
             features = np.stack([self.features(requests[i].audio, frames) for i in idx])
             # A greedy partial's per-step distributions give its words' probabilities.
             partials = beam == 1 and any(requests[i].kind is DecodeKind.PARTIAL for i in idx)
-            generated = self._model.model.generate(
+            generated = self._decoder.generate(
                 self._model.encode(features),
                 [prompts[i] for i in idx],
                 beam_size=beam,

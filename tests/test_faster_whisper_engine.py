@@ -1,0 +1,50 @@
+"""The faster-whisper engine's CPU layout: the encoder on every core, the decoder on one thread
+(a second CTranslate2 copy of the model), or one model for both with `decoder_threads = 0`."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import read_wav_int16
+
+from captiond.config import Config
+from captiond.engines import DecodeKind, EngineRequest, load_engine
+from captiond.engines.faster_whisper import FasterWhisperEngine
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def jfk(speech_dir: Path, speech_manifest: list[dict[str, Any]]) -> np.ndarray:
+    clip = next(m for m in speech_manifest if m["id"] == "jfk_inaugural_1961")
+    return read_wav_int16(speech_dir / clip["file"]).astype(np.float32) / 32768
+
+
+def _engine(**engine: object) -> FasterWhisperEngine:
+    config = Config()
+    loaded = load_engine(
+        dataclasses.replace(
+            config.engine, name="faster-whisper", device="cpu", speech_gate=False, **engine
+        )
+    )
+    assert isinstance(loaded, FasterWhisperEngine)
+    return loaded
+
+
+@pytest.mark.parametrize(
+    ("engine", "separate"),
+    [({}, True), ({"decoder_threads": 0}, False), ({"cpu_threads": 1}, False)],
+)
+def test_decoder_model(jfk: np.ndarray, engine: dict[str, int], separate: bool) -> None:
+    """By default `generate` runs on a single-threaded copy; with one thread for both, or
+    `decoder_threads = 0`, on the encoder's model. Either way it decodes."""
+    loaded = _engine(**engine)
+    assert loaded.separate_decoder is separate
+    (result,) = loaded.transcribe_batch(
+        [EngineRequest(audio=jfk, kind=DecodeKind.FINAL, beam_size=5)]
+    )
+    assert "ask not what your country can do for you" in result.text.lower().replace(",", "")
