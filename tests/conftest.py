@@ -39,6 +39,13 @@ def speech_manifest(speech_dir: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="session")
+def jfk(speech_dir: Path, speech_manifest: list[dict[str, Any]]) -> np.ndarray:
+    """JFK's "ask not" sentence (11 s) as float32 samples."""
+    clip = next(m for m in speech_manifest if m["id"] == "jfk_inaugural_1961")
+    return read_wav_int16(speech_dir / clip["file"]).astype(np.float32) / 32768
+
+
+@pytest.fixture(scope="session")
 def speech_multi_dir() -> Path:
     """The shared multilingual corpus (13 languages, `language` per clip)."""
     return _corpus(SPEECH_MULTI_DIR)
@@ -54,6 +61,30 @@ def missing_tool(message: str) -> NoReturn:
     if os.environ.get("CI"):
         pytest.fail(f"{message}; CI must run this test (.ci/run installs it)")
     pytest.skip(message)
+
+
+def vad_spans(samples: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) of every utterance the default webrtcvad segmentation finds in `samples`."""
+    from captiond.audio import Framer
+    from captiond.config import Config
+    from captiond.vad import UtteranceStart, VadSegmenter, webrtc_vad
+
+    config = Config()
+    segmenter = VadSegmenter(webrtc_vad(config.vad.aggressiveness), config.vad, config.stream)
+    events = [e for frame in Framer().push(samples) for e in segmenter.push(frame)]
+    events.extend(segmenter.flush(len(samples)))
+    spans: list[tuple[int, int]] = []
+    start: int | None = None
+    for event in events:
+        if isinstance(event, UtteranceStart):
+            assert start is None
+            start = event.start_sample
+        else:
+            assert start is not None
+            spans.append((start, event.end_sample))
+            start = None
+    assert start is None
+    return spans
 
 
 def read_wav_int16(path: Path) -> np.ndarray:

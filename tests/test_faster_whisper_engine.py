@@ -4,24 +4,15 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-from conftest import read_wav_int16
 
 from captiond.config import Config
 from captiond.engines import DecodeKind, EngineRequest, load_engine
 from captiond.engines.faster_whisper import FasterWhisperEngine
 
 pytestmark = pytest.mark.model
-
-
-@pytest.fixture(scope="module")
-def jfk(speech_dir: Path, speech_manifest: list[dict[str, Any]]) -> np.ndarray:
-    clip = next(m for m in speech_manifest if m["id"] == "jfk_inaugural_1961")
-    return read_wav_int16(speech_dir / clip["file"]).astype(np.float32) / 32768
 
 
 def _engine(**engine: object) -> FasterWhisperEngine:

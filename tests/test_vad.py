@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import read_wav_int16
+from conftest import read_wav_int16, vad_spans
 
-from captiond.audio import FRAME_SAMPLES, Framer, Samples
+from captiond.audio import FRAME_SAMPLES, Samples
 from captiond.config import StreamConfig, VadConfig
 from captiond.vad import (
     UtteranceEnd,
@@ -22,7 +22,6 @@ from captiond.vad import (
     VadEvent,
     VadSegmenter,
     rms_dbfs,
-    webrtc_vad,
 )
 
 PREROLL = 300 * 16  # samples
@@ -253,34 +252,13 @@ def _clip(speech_dir: Path, manifest: list[dict[str, Any]], clip_id: str) -> Sam
     return samples
 
 
-def _segment(samples: Samples) -> list[tuple[int, int]]:
-    seg = VadSegmenter(webrtc_vad(3), VadConfig(), StreamConfig())
-    events: list[VadEvent] = []
-    framer = Framer()
-    for frame in framer.push(samples):
-        events.extend(seg.push(frame))
-    events.extend(seg.flush(len(samples)))
-    spans: list[tuple[int, int]] = []
-    start: int | None = None
-    for event in events:
-        if isinstance(event, UtteranceStart):
-            assert start is None
-            start = event.start_sample
-        else:
-            assert start is not None
-            spans.append((start, event.end_sample))
-            start = None
-    assert start is None
-    return spans
-
-
 def test_webrtcvad_finds_the_speech_of_an_utterance(
     speech_dir: Path, speech_manifest: list[dict[str, Any]]
 ) -> None:
     speech = _clip(speech_dir, speech_manifest, "ljspeech_LJ001-0001")
     lead, tail = 16_000, 24_000
     samples = np.concatenate([np.zeros(lead, np.float32), speech, np.zeros(tail, np.float32)])
-    spans = _segment(samples)
+    spans = vad_spans(samples)
     assert len(spans) >= 1
     covered = np.zeros(len(samples), dtype=bool)
     for s, e in spans:
@@ -305,4 +283,4 @@ def test_webrtcvad_ignores_digital_silence(
 ) -> None:
     samples = _clip(speech_dir, speech_manifest, "silence_digital_30s")
     assert len(samples) >= 16_000
-    assert _segment(samples) == []
+    assert vad_spans(samples) == []

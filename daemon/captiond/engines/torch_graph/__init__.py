@@ -175,8 +175,10 @@ class TorchGraphEngine:
         results = []
         for row, request, (language, probability) in zip(rows, requests, languages, strict=True):
             text = self.tokens.decode(row.tokens).strip()
-            probs = [math.exp(p) for p in row.token_logprobs]
-            partial = request.kind is DecodeKind.PARTIAL
+            unit_probs: tuple[float, ...] = ()
+            if request.kind is DecodeKind.PARTIAL:  # finals need no word probabilities
+                probs = [math.exp(p) for p in row.token_logprobs]
+                unit_probs = unit_probabilities(self.tokens.decode, row.tokens, probs)
             results.append(
                 EngineResult(
                     text=text,
@@ -186,9 +188,7 @@ class TorchGraphEngine:
                     compression_ratio=compression_ratio(text),
                     language=language,
                     language_probability=probability,
-                    unit_probs=(
-                        unit_probabilities(self.tokens.decode, row.tokens, probs) if partial else ()
-                    ),
+                    unit_probs=unit_probs,
                 )
             )
         return results
