@@ -708,6 +708,29 @@ def test_a_final_that_disagrees_keeps_the_stable_words_and_takes_the_rest() -> N
     assert driver.of(Final)[0].text == "And so my fellow Americans, ask not"
 
 
+def test_punctuation_after_the_forced_words_is_not_a_word_of_its_own() -> None:
+    # Forced "Hello", Whisper goes on with the comma it would have put after it: the partial
+    # must not show (and then promise) "Hello , there" with the comma as a word.
+    def decode(request: EngineRequest) -> EngineResult:
+        if request.kind is DecodeKind.FINAL:
+            return EngineResult(text="Hello, there world.")
+        if request.prefix == "Hello":
+            return EngineResult(text=", there world", unit_probs=(1.0, 0.9, 0.9))
+        if request.prefix:
+            return after_prefix(request, EngineResult(text="Hello there world"))
+        return EngineResult(text="Hello there", unit_probs=(0.9, 0.9))
+
+    driver = Driver(decode, stream=NO_CONTEXT)
+    driver.send(np.concatenate([silence(0.5), tone(3.0), silence(1.0)]))
+    driver.control(Control.END)
+    partials = driver.of(Partial)
+    assert any(p.stable == "Hello" for p in partials)
+    texts = [" ".join(filter(None, (p.stable, p.unstable))) for p in partials]
+    assert texts[-1] == "Hello there world"
+    assert all("," not in t.split() for t in texts)
+    assert driver.of(Final)[0].text == "Hello there world."
+
+
 def test_words_the_partials_were_unsure_of_are_not_stable() -> None:
     # Every partial says "my", but at p = 0.3: the final may hear "am I", so neither "my" nor
     # anything after it is promised; the words before it are.

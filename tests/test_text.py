@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from captiond.stabilize import LocalAgreement, keep_stable
-from captiond.text import join_units, units
+from captiond.text import has_word, join_units, units
 
 
 @pytest.mark.parametrize(
@@ -59,3 +59,19 @@ def test_japanese_partials_stabilise_character_by_character() -> None:
 def test_a_chinese_final_keeps_the_stable_characters() -> None:
     stable = tuple("甚至出现交易")
     assert keep_stable(stable, "甚至出现交意几乎停滞的情况") == "甚至出现交易几乎停滞的情况"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("word", True),
+        ("日本", True),
+        ("ليس", True),
+        ("42", True),
+        (",", False),
+        ("。…!", False),
+        ("", False),
+    ],
+)
+def test_has_word_in_any_script(text: str, expected: bool) -> None:
+    assert has_word(text) is expected

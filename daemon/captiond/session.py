@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 
@@ -50,7 +50,7 @@ from captiond.protocol import (
     check_language,
 )
 from captiond.stabilize import LocalAgreement, keep_stable
-from captiond.text import join_units, units
+from captiond.text import has_word, join_units, units
 from captiond.vad import UtteranceEnd, UtteranceStart, Vad, VadEvent, VadSegmenter
 
 # Audio kept behind the stream's end while no utterance is open: the segmenter may open one
@@ -226,12 +226,21 @@ class StreamSession:
                 self._decide_language(utt, result.language)
         new = "" if self._is_hallucination(request, result) else result.text.strip()
         # The forced words stay as they were even if Whisper would have extended the last one
-        # (a word split across the commit point): stable words are a promise.
-        text = join_units((*request.forced_words, *units(new)))
+        # (a word split across the commit point): stable words are a promise. Punctuation that
+        # Whisper puts right after them ("In September" + ", for the first time") belongs to
+        # the last forced word, so it is left out, not shown (and made stable) as a unit.
+        new_units = units(new)
+        skipped = 0
+        while (
+            request.forced_words and skipped < len(new_units) and not has_word(new_units[skipped])
+        ):
+            skipped += 1
+        text = join_units((*request.forced_words, *new_units[skipped:]))
         if request.kind is DecodeKind.FINAL:
             self._finish(self._closed.popleft(), request, decoded=text)
         elif self._open is not None and self._open.index == request.utterance and text:
-            self._show_partial(self._open, request, text, self._sure_units(request, result, new))
+            sure = self._sure_units(request, result.unit_probs[skipped:], new_units[skipped:])
+            self._show_partial(self._open, request, text, sure)
         self._maybe_done()
 
     def abandon(self, request: DecodeRequest) -> None:
@@ -368,7 +377,7 @@ class StreamSession:
         """Whisper's rules (silent-looking and unsure, or too repetitive), plus sparse-and-unsure
         text over long audio, and text without a single letter or digit."""
         cfg = self._stream
-        if not any(ch.isalnum() for ch in result.text):
+        if not has_word(result.text):
             return True
         words = len(request.forced_words) + len(units(result.text))
         silent = (
@@ -400,13 +409,14 @@ class StreamSession:
             self._segments += 1
         return utt.segment
 
-    def _sure_units(self, request: DecodeRequest, result: EngineResult, new: str) -> int | None:
+    def _sure_units(
+        self, request: DecodeRequest, probs: Sequence[float], new_units: Sequence[str]
+    ) -> int | None:
         """How many leading units of a partial the decoder was sure of: the forced ones, then
         the decoded ones before the first below `stable_min_probability` (None: not known)."""
         floor = self._stream.stable_min_probability
-        if floor <= 0 or not new or not result.unit_probs:
+        if floor <= 0 or not new_units or not probs:
             return None
-        probs = result.unit_probs
         sure = next((i for i, p in enumerate(probs) if p < floor), len(probs))
         return len(request.forced_words) + sure
 

@@ -38,6 +38,11 @@ def _punctuation(char: str) -> bool:
     return unicodedata.category(char).startswith("P")
 
 
+def has_word(text: str) -> bool:
+    """Whether `text` has a letter or digit in any script (not just punctuation or symbols)."""
+    return any(char.isalnum() for char in text)
+
+
 def units(text: str) -> list[str]:
     """Words, with every character of a no-space script a unit of its own."""
     out: list[str] = []

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from captiond.text import units
+from captiond.text import has_word, units
 
 if TYPE_CHECKING:
     import numpy as np
@@ -171,7 +171,7 @@ def unit_probabilities(
     units_before = 0  # units of tokens[:word_start]
     for end, p in enumerate(token_probs, start=1):
         piece = decode(tokens[end - 1 : end])
-        if not any(ch.isalnum() for ch in piece):
+        if not has_word(piece):
             p = 1.0
         if piece[:1].isspace() and piece.strip()[:1].isalnum() and end - 1 > word_start:
             units_before += len(units(decode(tokens[word_start : end - 1])))
