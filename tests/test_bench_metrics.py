@@ -16,6 +16,7 @@ from captiond.bench.metrics import (
     partial_lags_ms,
     percentile,
     retracted_stable_words,
+    stable_before_final,
     summary,
     unstable_churn,
 )
@@ -154,3 +155,16 @@ def test_contradicted_stable_words_counts_promises_the_final_broke() -> None:
     ]
     assert contradicted_stable_words(kept) == 0
     assert contradicted_stable_words(broken) == 1 + 2
+
+
+def test_stable_before_final_counts_the_last_promise_of_each_segment() -> None:
+    messages = [
+        partial(0, "and", "so"),
+        partial(0, "and so my", "fellow"),
+        partial(1, "", "ask"),
+        {"type": "final", "segment": 0, "text": "and so my fellow Americans"},
+        {"type": "final", "segment": 1, "text": "ask not"},
+        {"type": "final", "segment": 2, "text": "never shown"},
+    ]
+    assert stable_before_final(messages) == (3, 5 + 2 + 2)
+    assert stable_before_final([]) == (0, 0)

@@ -3,8 +3,8 @@
 A `Trace` is what a benchmark client saw: when each stretch of audio was sent and when each
 message arrived, both on one wall clock, with messages in the native protocol's shape (the
 WhisperLive adapter translates its segments into partials and finals). Everything here is
-arithmetic over that record: percentiles, partial lag, final latency, stable-word retractions
-and unstable-word churn.
+arithmetic over that record: percentiles, partial lag, final latency, stable-word retractions,
+the share of words promised stable before their final, and unstable-word churn.
 """
 
 from __future__ import annotations
@@ -130,6 +130,22 @@ def contradicted_stable_words(messages: Sequence[Message]) -> int:
             contradicted += len(promised) - kept
     # A segment whose final never came broke every promise it made.
     return contradicted + sum(len(words) for words in stable.values())
+
+
+def stable_before_final(messages: Sequence[Message]) -> tuple[int, int]:
+    """(words promised stable before their segment's final, words of the finals): how much of
+    the text a client could show as settled before the endpoint, the other side of never
+    contradicting it."""
+    stable: dict[int, int] = {}
+    promised = final_words = 0
+    for m in messages:
+        if m["type"] == "partial":
+            stable[m["segment"]] = len(_words(m.get("stable", "")))
+        elif m["type"] == "final":
+            words = len(_words(m.get("text", "")))
+            final_words += words
+            promised += min(stable.pop(m["segment"], 0), words)
+    return promised, final_words
 
 
 def unstable_churn(messages: Sequence[Message]) -> int:

@@ -26,6 +26,7 @@ from captiond.bench.metrics import (
     last_final_before_done,
     partial_lags_ms,
     retracted_stable_words,
+    stable_before_final,
     summary,
     unstable_churn,
 )
@@ -63,6 +64,7 @@ def clip_figures(trace: Trace, clip: common.Clip, offline: str | None) -> dict[s
         "first_text_s": _round(first_text_s(trace)),
         "retracted_stable_words": retracted_stable_words(trace.messages),
         "contradicted_stable_words": contradicted_stable_words(trace.messages),
+        "stable_before_final_share": _share(stable_before_final(trace.messages)),
         "unstable_churn_words": unstable_churn(trace.messages),
         "last_final_before_done": last_final_before_done(trace.messages),
         "end_wait_s": _round(trace.ended_s - trace.sent_s[-1] if trace.ended_s else None),
@@ -80,6 +82,11 @@ def clip_figures(trace: Trace, clip: common.Clip, offline: str | None) -> dict[s
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
+
+
+def _share(counts: tuple[int, int]) -> float | None:
+    part, whole = counts
+    return round(part / whole, 3) if whole else None
 
 
 def pooled_wer(clips: list[common.Clip], texts: dict[str, str]) -> dict[str, float | None]:
@@ -106,6 +113,7 @@ def _overall(
             counts += word_errors(clip.text, texts[clip.id])
     lags = [x for c in clips for x in partial_lags_ms(runs[c.id])]
     finals = [x for c in clips for x in final_latencies_ms(runs[c.id])]
+    promised = [stable_before_final(runs[c.id].messages) for c in clips]
     return pooled_wer(clips, texts) | {
         "reference_words": counts.reference_words,
         "nonspeech_words": sum(len(normalize(texts[c.id])) for c in clips if c.kind == "nonspeech"),
@@ -114,6 +122,9 @@ def _overall(
         "retracted_stable_words": sum(retracted_stable_words(runs[c.id].messages) for c in clips),
         "contradicted_stable_words": sum(
             contradicted_stable_words(runs[c.id].messages) for c in clips
+        ),
+        "stable_before_final_share": _share(
+            (sum(p for p, _ in promised), sum(w for _, w in promised))
         ),
         "unstable_churn_words": sum(unstable_churn(runs[c.id].messages) for c in clips),
         "all_finals_before_done": all(last_final_before_done(runs[c.id].messages) for c in clips),
@@ -249,13 +260,14 @@ def _table(clips: list[common.Clip], data: dict[str, Any]) -> None:
                 None if theirs is None else theirs["final_latency_ms"]["p95"],
                 ours["retracted_stable_words"],
                 ours["contradicted_stable_words"],
+                ours["stable_before_final_share"],
             ]
         )
     if data["whole_file"] is not None:
         long_ours = data["captiond"]["overall"]["wer_long_pooled"]
         long_whole = data["whole_file"]["overall"]["wer_long_pooled"]
         if long_ours is not None:
-            rows.append(["long clips pooled", long_ours, long_whole, None, *[None] * 8])
+            rows.append(["long clips pooled", long_ours, long_whole, None, *[None] * 9])
     headers = [
         "clip",
         "WER",
@@ -269,5 +281,6 @@ def _table(clips: list[common.Clip], data: dict[str, Any]) -> None:
         "peer p95",
         "retract",
         "contra",
+        "stable",
     ]
     print_table(headers, rows)
