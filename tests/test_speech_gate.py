@@ -33,12 +33,16 @@ def test_speech_is_speech(jfk: np.ndarray) -> None:
     assert has_speech(jfk)
 
 
+# JFK's "ask not" (2.94-4.89 s), short and quiet (Silero: 6 frames at p >= 0.5, 20 at
+# p >= 0.3): webrtcvad cut it out as an utterance of its own before it was shown quiet frames.
+ASK_NOT = slice(47_040, 78_240)
+
+
 def test_every_utterance_of_a_speech_is_speech(jfk: np.ndarray) -> None:
-    """webrtcvad cuts JFK's sentence into four utterances; the second, "ask not", is short and
-    quiet (Silero: 6 frames at p >= 0.5, 20 at p >= 0.3) and still speech."""
     spans = vad_spans(jfk)
-    assert len(spans) == 4
-    assert [has_speech(jfk[s:e]) for s, e in spans] == [True] * 4
+    assert len(spans) >= 3
+    assert all(has_speech(jfk[s:e]) for s, e in spans)
+    assert has_speech(jfk[ASK_NOT])
 
 
 def test_only_unconfirmed_requests_are_checked(jfk: np.ndarray) -> None:
