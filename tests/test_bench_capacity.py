@@ -119,6 +119,8 @@ def test_bench_capacity_runs_two_levels_in_client_processes(
         assert lv["connect_delay_ms"]["count"] == lv["streams"]
         assert lv["final_latency_ms"]["count"] >= lv["streams"]
         assert lv["engine_batches"] > 0 and lv["engine_ms_per_batch_mean"] > 0
+        assert set(lv["engine_phase_ms_per_batch"]) == {"decode"}  # the fake engine's only one
+        assert lv["engine_phase_ms_per_batch"]["decode"] <= lv["engine_ms_per_batch_mean"]
         assert lv["batch_size_mean"] >= 1
         assert lv["daemon_cpu_percent_mean"] >= 0 and lv["client_cpu_percent_mean"] >= 0
         assert lv["peak_rss_mib"] > 0 and lv["client_peak_rss_mib"] > 0

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -50,3 +52,91 @@ def test_bench_engine_random_weights_skip_faster_whisper(tmp_path: Path) -> None
     report = json.loads(out.read_text(encoding="utf-8"))
     assert report["engines"]["torch_graph"]["model"] == "random-tiny"
     assert "skipped" in report["engines"]["faster-whisper"]
+
+
+def _positive_finite(value: object) -> bool:
+    return isinstance(value, float) and math.isfinite(value) and value > 0
+
+
+def test_bench_engine_transformers_peer_random_weights(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    parser = argparse.ArgumentParser()
+    add_engine_parser(parser.add_subparsers(dest="bench_command", required=True))
+    out = tmp_path / "bench.json"
+    # faster-whisper alone skips random weights: only the peer is measured.
+    argv = ["engine", "--engine", "faster-whisper", "--device", "cpu", "--batch", "1"]
+    argv += ["--steps", "3", "--random-weights", "tiny", "--peer", "transformers"]
+    args = parser.parse_args([*argv, "--out", str(out)])
+    assert args.func(args) == 0
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert report["config"]["peer"] == "transformers"
+    peer = report["peers"]["transformers"]
+    assert peer["version"] == report["versions"]["transformers"]
+    assert (peer["weights"], peer["model"]) == ("random", "random-tiny")
+    assert (peer["device"], peer["dtype"], peer["cache"]) == ("cpu", "float32", "static")
+    row = peer["batches"]["1"]
+    for key in (
+        "mel_ms_per_window",
+        "encoder_ms_per_window",
+        "decode_eager_us_per_step",
+        "decode_eager_us_per_token",
+        "end_to_end_s",
+        "audio_s_per_wall_s",
+    ):
+        assert _positive_finite(row[key]), (key, row[key])
+    # Random weights never say <|endoftext|>: the length limit, as the torch_graph engine.
+    assert row["tokens_generated"] == 224
+
+
+def test_transformers_peer_matches_torch_graph_on_real_speech(jfk: np.ndarray) -> None:
+    pytest.importorskip("transformers")
+    from captiond.bench import peer_transformers
+    from captiond.config import EngineConfig
+    from captiond.engines import DecodeKind, EngineRequest
+    from captiond.engines.torch_graph import TorchGraphEngine
+    from captiond.models import resolve_model
+
+    model_path = resolve_model(None)
+    config = EngineConfig(name="torch_graph", device="cpu")
+    engine = TorchGraphEngine(model_path, config, max_batch=1)
+    audio = jfk.astype(np.float32)
+    [ours] = engine.transcribe_batch([EngineRequest(audio=audio, kind=DecodeKind.FINAL)])
+    peer = peer_transformers.build(model_path, "cpu", None)
+    assert peer.weights == "real"
+    # The same log-mel into both: the comparison is of the networks and the decoding rules.
+    [theirs] = peer_transformers.transcribe(peer, engine.mel([audio]))
+    assert theirs == ours.tokens
+    assert peer.tokens.decode(theirs).strip() == ours.text
+    assert "ask not what your country can do for you" in ours.text
+
+
+def test_transformers_peer_compiled_run_failure_is_recorded(tmp_path: Path) -> None:
+    """The compiled timings run in a child interpreter: its death is a string in the row."""
+    pytest.importorskip("transformers")
+    from captiond.bench import peer_transformers
+
+    audio = np.zeros(16_000, dtype=np.float32)
+    row = peer_transformers._compiled_in_child(tmp_path / "no-model", "cpu", "tiny", 1, 2, audio)
+    assert set(row) == {"decode_compiled_error"}
+    assert row["decode_compiled_error"].startswith("the compiled run died (exit status 1)")
+    assert "No such file or directory" in row["decode_compiled_error"]
+
+
+def test_bench_engine_peer_without_transformers_says_how_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name: str, package: str | None = None) -> object:
+        return None if name == "transformers" else real_find_spec(name, package)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    parser = argparse.ArgumentParser()
+    add_engine_parser(parser.add_subparsers(dest="bench_command", required=True))
+    argv = ["engine", "--device", "cpu", "--peer", "transformers", "--out", str(tmp_path / "b")]
+    args = parser.parse_args(argv)
+    with pytest.raises(SystemExit, match="pip install transformers"):
+        args.func(args)
+    assert not (tmp_path / "b").exists()

@@ -499,6 +499,8 @@ def test_metrics_are_scraped_by_the_prometheus_parser() -> None:
     assert samples[("captiond_partial_lag_seconds_count", ())] == len(ex.of("partial"))
     assert samples[("captiond_batch_size_count", ())] >= 1
     assert samples[("captiond_engine_seconds_count", ())] >= 1
+    # The engine's phases (the fake engine's time is all "decode").
+    assert samples[("captiond_engine_phase_seconds_total", (("phase", "decode"),))] > 0
 
 
 def _get(target: str, headers: dict[str, str]) -> str:

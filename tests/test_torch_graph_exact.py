@@ -2,7 +2,8 @@
 
 Greedy tokens must be identical to CTranslate2's generate (beam 1, no timestamps, same prompt,
 same suppression) on the same padded 3000-frame features; log-mel within 1e-4 of faster-whisper's
-FeatureExtractor; a mixed batch must decode exactly as its requests one at a time.
+FeatureExtractor; a mixed batch must decode exactly as its requests one at a time. Partials encode
+a window shorter than 30 s, as faster-whisper's partials do, and must match its decode of it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from captiond.engines import (  # noqa: E402
     EngineRequest,
     EngineResult,
     unit_probabilities,
+    window_frames,
 )
 from captiond.engines.faster_whisper import token_probabilities  # noqa: E402
 from captiond.engines.torch_graph import TorchGraphEngine  # noqa: E402
@@ -100,14 +102,18 @@ def singles(engine: TorchGraphEngine, clips: list[EngineRequest]) -> list[Engine
     return [engine.transcribe_batch([request])[0] for request in clips]
 
 
-def _reference_features(model: Any, audio: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-    features = model.feature_extractor(audio)[:, :N_FRAMES]
-    padded = np.zeros((features.shape[0], N_FRAMES), dtype=np.float32)
+def _reference_features(
+    model: Any, audio: npt.NDArray[np.float32], frames: int = N_FRAMES
+) -> npt.NDArray[np.float32]:
+    features = model.feature_extractor(audio)[:, :frames]
+    padded = np.zeros((features.shape[0], frames), dtype=np.float32)
     padded[:, : features.shape[1]] = features
     return padded
 
 
-def _reference_decode(model: Any, request: EngineRequest) -> tuple[Any, int]:
+def _reference_decode(
+    model: Any, request: EngineRequest, frames: int = N_FRAMES
+) -> tuple[Any, int]:
     """CTranslate2's result for the request, and how many prefix tokens start its sequence."""
     from faster_whisper.tokenizer import Tokenizer
     from faster_whisper.transcribe import get_suppressed_tokens
@@ -119,7 +125,7 @@ def _reference_decode(model: Any, request: EngineRequest) -> tuple[Any, int]:
     n_prefix = len(tokenizer.encode(" " + request.prefix.strip())) if prefix else 0
     # faster-whisper's default suppress_tokens=[-1] resolved, plus -1 for config.json's list.
     suppress = [-1, *get_suppressed_tokens(tokenizer, [-1])]
-    encoded = model.encode(_reference_features(model, request.audio)[None])
+    encoded = model.encode(_reference_features(model, request.audio, frames)[None])
     return model.model.generate(
         encoded,
         [prompt],
@@ -158,6 +164,7 @@ def test_greedy_tokens_identical_to_faster_whisper(
     partials = engine.transcribe_batch(
         [dataclasses.replace(r, kind=DecodeKind.PARTIAL) for r in clips]
     )
+    trimmed = 0
     for i, (request, ours, partial) in enumerate(zip(clips, singles, partials, strict=True)):
         theirs, n_prefix = _reference_decode(faster_whisper_model, request)
         sequence = list(theirs.sequences_ids[0])
@@ -170,15 +177,25 @@ def test_greedy_tokens_identical_to_faster_whisper(
         avg_logprob = theirs.scores[0] * len(sequence) / (len(tokens) + 1)
         assert ours.avg_logprob == pytest.approx(avg_logprob, abs=1e-3)
         assert ours.no_speech_prob == pytest.approx(theirs.no_speech_prob, abs=1e-3)
+        # A partial encodes a shorter window (partial_window_min_s), as faster-whisper's does.
+        partial_request = dataclasses.replace(request, kind=DecodeKind.PARTIAL)
+        frames = window_frames(partial_request, round(EngineConfig().partial_window_min_s * 100))
+        trimmed += frames < N_FRAMES
+        theirs, n_prefix = _reference_decode(faster_whisper_model, request, frames)
+        sequence = list(theirs.sequences_ids[0])
+        tokens = sequence[n_prefix:]
+        if list(partial.tokens) != tokens:
+            mismatches.append(i)
+            continue
         # The words' probabilities (stable words need them): CTranslate2's distributions.
         steps = theirs.logits[0][n_prefix : len(sequence)]
         probs = token_probabilities(steps, tokens)
         expected = unit_probabilities(engine.tokens.decode, tokens, probs)
-        assert partial.tokens == ours.tokens
-        assert len(partial.unit_probs) == len(expected) == len(units(ours.text))
+        assert len(partial.unit_probs) == len(expected) == len(units(partial.text))
         gaps = [abs(a - b) for a, b in zip(partial.unit_probs, expected, strict=True)]
         worst_p = max([worst_p, *gaps])
     print(f"{len(clips) - len(mismatches)}/{len(clips)} clips token-identical")
+    assert trimmed >= len(clips) // 2, "most partials encode a window shorter than 30 s"
     print(f"max |p(word) - faster-whisper| = {worst_p:.2e}")
     assert worst_p < 0.01
     assert not mismatches, f"token mismatch on clips {mismatches}"
@@ -216,3 +233,37 @@ def test_english_only_model_decodes_english(
     assert ours.tokens == singles[0].tokens
     assert (ours.language, ours.language_probability) == ("en", 1.0)
     assert (singles[0].language, singles[0].language_probability) == ("en", 1.0)
+
+
+def test_mixed_window_lengths_batch_as_one_at_a_time(
+    engine: TorchGraphEngine, clips: list[EngineRequest], singles: list[EngineResult]
+) -> None:
+    """Finals (30 s) and partials of several window lengths in one batch: each row decodes as
+    it does alone, and the results come back in the requests' order."""
+    picked = [len(clips) - 3, 0, 2, len(clips) - 1, 5, 8]
+    kinds = [DecodeKind.PARTIAL, DecodeKind.FINAL, DecodeKind.PARTIAL] * 2
+    requests = [dataclasses.replace(clips[i], kind=k) for i, k in zip(picked, kinds, strict=True)]
+    # 13 s of the long window: a 15-s partial window.
+    requests[0] = dataclasses.replace(requests[0], audio=requests[0].audio[: 13 * 16_000])
+    frames = {window_frames(r, 1000) for r in requests}
+    assert len(frames) >= 3, f"window lengths {frames}: the batch must mix several"
+    alone = [engine.transcribe_batch([r])[0] for r in requests]
+    batched = engine.transcribe_batch(requests)
+    assert [r.tokens for r in batched] == [r.tokens for r in alone]
+    for ours, single in zip(batched, alone, strict=True):
+        assert ours.avg_logprob == pytest.approx(single.avg_logprob, abs=1e-4)
+
+
+def test_phases_account_for_the_batch(engine: TorchGraphEngine, clips: list[EngineRequest]) -> None:
+    """The scheduler reports where a batch's time goes: every phase is timed, none twice."""
+    import time
+
+    engine.phases.drain()
+    started = time.perf_counter()
+    engine.transcribe_batch(clips[:3])
+    wall_s = time.perf_counter() - started
+    phases = engine.phases.drain()
+    assert set(phases) == {"encode", "prefill", "decode", "read_back", "results"}
+    assert all(s >= 0 for s in phases.values())
+    assert 0.5 * wall_s < sum(phases.values()) <= wall_s
+    assert engine.phases.drain() == {}

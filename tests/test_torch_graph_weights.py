@@ -11,7 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from captiond.engines.torch_graph.cuda_graph import bucket_for, bucket_sizes  # noqa: E402
-from captiond.engines.torch_graph.kv_cache import allocate_cache  # noqa: E402
+from captiond.engines.torch_graph.kv_cache import allocate_cache, bytes_per_row  # noqa: E402
+from captiond.engines.torch_graph.mel import STAGED_SAMPLES, WINDOW_SAMPLES, stage_clip  # noqa: E402
 from captiond.engines.torch_graph.model import build_model  # noqa: E402
 from captiond.engines.torch_graph.weights import (  # noqa: E402
     dims_from_tensors,
@@ -100,3 +101,31 @@ def test_buckets() -> None:
     assert bucket_sizes(12) == (1, 2, 4, 8, 12)
     assert bucket_for(5, bucket_sizes(32)) == 8
     assert bucket_for(1, bucket_sizes(1)) == 1
+
+
+def test_cuda_batch_rows_fit_a_quarter_of_the_gpu_and_16_gib() -> None:
+    from captiond.engines.torch_graph import _cuda_max_batch
+
+    def rows(shape: str, gpu_gb: int) -> int:
+        return _cuda_max_batch(shape_dims(shape), torch.float16, gpu_gb * 10**9)
+
+    assert (rows("tiny", 80), rows("base", 80), rows("large-v3", 80)) == (128, 128, 32)
+    assert (rows("base", 12), rows("large-v3", 12)) == (64, 8)
+    for shape, gpu_gb in (("small", 80), ("medium", 24), ("large-v3", 80)):
+        dims = shape_dims(shape)
+        cache = allocate_cache(dims, 1, torch.device("meta"), torch.float16)
+        assert cache.n_bytes == bytes_per_row(dims, torch.float16)
+        assert rows(shape, gpu_gb) * cache.n_bytes <= min(16 * 2**30, gpu_gb * 10**9 // 4)
+
+
+@pytest.mark.parametrize("n_samples", [0, 1, 39, 40, 41, 239, 240, 241, 16_000, 480_000, 500_000])
+def test_mel_staging_is_faster_whispers_padding(n_samples: int) -> None:
+    """The in-place staging equals faster-whisper's tail pad + np.pad reflect, any clip length."""
+    clip = np.random.default_rng(n_samples).standard_normal(n_samples).astype(np.float32)
+    clip = clip[:WINDOW_SAMPLES]
+    expected = np.zeros(STAGED_SAMPLES, np.float32)
+    centred = np.pad(np.pad(clip, (0, 160)), 200, mode="reflect")
+    expected[: centred.size] = centred
+    row = np.full(STAGED_SAMPLES, np.nan, np.float32)  # the staging row holds the last batch
+    stage_clip(row, clip)
+    assert np.array_equal(row, expected)

@@ -248,6 +248,7 @@ def test_the_engine_process_copy_of_a_stream_matches_what_windows_need() -> None
     stream = np.arange(4_000_000, dtype=np.float32)
     copy, mirror = AudioCopy(), AudioSpan()
     end = sent = 0
+    handed_out = []  # windows are views: later puts must never write into them
     for _ in range(3_000):
         end = min(len(stream), end + rng.randint(0, 20_000))
         start = max(0, end - rng.randint(0, KEEP_SAMPLES))
@@ -259,8 +260,12 @@ def test_the_engine_process_copy_of_a_stream_matches_what_windows_need() -> None
             copy.put(send_from, stream[send_from:end])
             sent += end - send_from
         assert copy.span == mirror, "the worker's mirror agrees without a reply"
-        assert np.array_equal(copy.window(start, end), stream[start:end])
+        window = copy.window(start, end)
+        assert np.array_equal(window, stream[start:end])
+        handed_out.append((start, window))
     assert sent > end, "windows after gaps or before what is held are sent whole"
+    for start, window in handed_out:
+        assert np.array_equal(window, stream[start : start + len(window)])
 
     # A session's pattern: a partial every 0.5 s reaching 10 s back, a final every 4 s reaching
     # 30 s back: every sample crosses once.

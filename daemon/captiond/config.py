@@ -140,9 +140,14 @@ class EngineConfig:
     # where a second thread costs more in synchronisation than it saves: on 2 cores a beam-5
     # final of 57 tokens takes 780 ms on two threads, 210 ms on one.
     decoder_threads: int = 1
-    # faster-whisper: partial decodes encode a window this long or longer (their audio plus
-    # 2 s, in 5 s steps) instead of the padded 30 s; finals always use 30 s. 0: always 30 s.
+    # Partial decodes encode a window this long or longer (their audio plus 2 s, in 5 s steps)
+    # instead of the padded 30 s, in both engines: the encoder is the costliest part of a
+    # decode (CPU) and the GPU's load at many streams. Finals always use 30 s. 0: always 30 s.
     partial_window_min_s: float = 10.0
+    # torch_graph on CUDA: torch.compile (Inductor) each batch bucket's decode step before its
+    # CUDA graph is captured: fewer, fused kernels per step, at the price of compiling every
+    # bucket at start-up (needs Triton).
+    compile_step: bool = False
     # Silero VAD confirms speech in an utterance before Whisper decodes it (speech_gate.py):
     # webrtcvad lets music and animal sounds through, and Whisper writes words for them.
     speech_gate: bool = True

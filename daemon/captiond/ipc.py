@@ -133,7 +133,9 @@ class AudioCopy:
         if not samples.size:
             return
         if from_sample != self.span.end:
-            self._fill = 0  # a new stretch replaces what was held
+            # A new stretch replaces what was held, in a new array: windows handed out are
+            # views of the old one (see `window`).
+            self._data, self._fill = np.zeros(0, np.float32), 0
         self.span.advance(from_sample, from_sample + len(samples))
         held = self.span.end - self.span.start
         samples = samples[len(samples) - min(len(samples), held) :]
@@ -152,11 +154,15 @@ class AudioCopy:
         return self.span.end - self._fill
 
     def window(self, start_sample: int, end_sample: int) -> npt.NDArray[np.float32]:
-        """A copy of samples [start, end): the engine thread reads it while this keeps taking
-        audio."""
+        """Samples [start, end), a read-only view: the engine thread reads it while this keeps
+        taking audio, which is safe because an array is only ever written past its fill (a
+        full or replaced array is swapped for a new one, never overwritten). Copying every
+        decode window here cost a 30-s copy per decode on the event-loop thread."""
         if start_sample < self.span.start or end_sample > self.span.end:
             raise ValueError(
                 f"window [{start_sample}, {end_sample}) outside the copy "
                 f"[{self.span.start}, {self.span.end})"
             )
-        return self._data[start_sample - self._offset : end_sample - self._offset].copy()
+        view = self._data[start_sample - self._offset : end_sample - self._offset]
+        view.flags.writeable = False
+        return view

@@ -65,6 +65,12 @@ class Metrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
+        self.engine_phase_seconds = Counter(
+            "captiond_engine_phase_seconds",
+            "Engine time by phase of its batches (named by the engine)",
+            ["phase"],
+            registry=r,
+        )
         self.partial_lag_seconds = Histogram(
             "captiond_partial_lag_seconds",
             "Audio received minus a partial's end, when it is sent",

@@ -163,6 +163,8 @@ class InferenceScheduler:
             self.stats.requests += len(live)
             self.stats.heartbeat_monotonic = time.monotonic()
             self.metrics.engine_seconds.observe(self.stats.heartbeat_monotonic - started)
+            for phase, seconds in self._engine.phases.drain().items():
+                self.metrics.engine_phase_seconds.labels(phase=phase).inc(seconds)
 
     def _observe(self, batch: list[_Item], started: float) -> None:
         self.metrics.batch_size.observe(len(batch))

@@ -31,7 +31,10 @@ _NO_SPACE_RANGES = (
 
 def _no_space(char: str) -> bool:
     code = ord(char)
-    return any(low <= code <= high for low, high in _NO_SPACE_RANGES)
+    # Below Thai every script separates words: most text never reaches the range scan.
+    return code >= _NO_SPACE_RANGES[0][0] and any(
+        low <= code <= high for low, high in _NO_SPACE_RANGES
+    )
 
 
 def _punctuation(char: str) -> bool:
@@ -45,6 +48,8 @@ def has_word(text: str) -> bool:
 
 def units(text: str) -> list[str]:
     """Words, with every character of a no-space script a unit of its own."""
+    if text.isascii():
+        return text.split()  # the engine thread's hot path: every word of every partial
     out: list[str] = []
     for token in text.split():
         word = ""

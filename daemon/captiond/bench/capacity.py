@@ -118,21 +118,38 @@ class _Target:
     pids: list[int]  # the system's processes, for the resource monitor
 
 
-def _engine_totals(scheduler: InferenceScheduler | None) -> list[float] | None:
+def _engine_totals(scheduler: InferenceScheduler | None) -> dict[str, float] | None:
+    """The engine's counters so far: _ENGINE_SAMPLES, and seconds per phase ("phase:NAME")."""
     if scheduler is None:
         return None
     registry = scheduler.metrics.registry
-    return [registry.get_sample_value(name) or 0.0 for name in _ENGINE_SAMPLES]
+    totals = {name: registry.get_sample_value(name) or 0.0 for name in _ENGINE_SAMPLES}
+    for family in registry.collect():
+        if family.name == "captiond_engine_phase_seconds":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    totals[f"phase:{sample.labels['phase']}"] = sample.value
+    return totals
 
 
-def _engine_figures(before: list[float] | None, after: list[float] | None) -> dict[str, Any]:
-    """Engine host time and requests per batch over the level, from the histograms' deltas."""
+def _engine_figures(
+    before: dict[str, float] | None, after: dict[str, float] | None
+) -> dict[str, Any]:
+    """Engine time, its phases and requests per batch over the level, from the counters'
+    deltas."""
     if before is None or after is None:
         return {"engine_batches": None, "engine_ms_per_batch_mean": None, "batch_size_mean": None}
-    engine_s, batches, requests, sized = (a - b for a, b in zip(after, before, strict=True))
+    delta = {name: value - before.get(name, 0.0) for name, value in after.items()}
+    engine_s, batches, requests, sized = (delta[name] for name in _ENGINE_SAMPLES)
+    phases_ms = {
+        name.removeprefix("phase:"): round(1000 * seconds / batches, 2)
+        for name, seconds in delta.items()
+        if name.startswith("phase:") and batches
+    }
     return {
         "engine_batches": int(batches),
         "engine_ms_per_batch_mean": round(1000 * engine_s / batches, 2) if batches else None,
+        "engine_phase_ms_per_batch": phases_ms,
         "batch_size_mean": round(requests / sized, 2) if sized else None,
     }
 

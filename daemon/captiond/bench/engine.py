@@ -1,16 +1,20 @@
 """`captiond bench engine`: encoder, decode-step and end-to-end speed of the engines, as JSON.
 
-Runs on the main thread (the bench owns the engines for the whole run). Both engines are measured
-in the same run on the same audio; torch is imported only through the torch_graph package.
+Runs on the main thread (the bench owns the engines for the whole run). Both engines, and the
+peer when asked for (`--peer transformers`: Hugging Face transformers' Whisper on the same
+weights, see peer_transformers.py), are measured in the same run on the same audio and batch
+sizes; torch is imported only through the torch_graph package and the peer's module.
 
     captiond bench engine --engine torch_graph,faster-whisper --device cuda \
-        --batch 1,8,32,128 [--random-weights large-v3] [--steps N] --out FILE.json
+        --batch 1,8,32,128 [--random-weights large-v3] [--steps N] [--peer transformers] \
+        --out FILE.json
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
 import json
 import platform
 import sys
@@ -28,6 +32,7 @@ from captiond.models import model_display_name, resolve_model
 SAMPLE_RATE_HZ = 16_000
 SYNTHETIC_AUDIO_S = 10.0
 ENGINES = ("torch_graph", "faster-whisper")
+PEERS = ("transformers",)
 
 
 def add_engine_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -43,6 +48,19 @@ def add_engine_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="model name, Hugging Face repo id or folder (default: bundled tiny.en)",
     )
     p.add_argument("--audio", type=Path, default=None, help="16 kHz mono 16-bit WAV (≤ 30 s)")
+    p.add_argument(
+        "--peer",
+        choices=PEERS,
+        default=None,
+        help="also measure a peer on the same weights, audio and batches (transformers: "
+        "Hugging Face's WhisperForConditionalGeneration, static cache, eager and compiled)",
+    )
+    p.add_argument(
+        "--compile-step",
+        action="store_true",
+        help="torch_graph: torch.compile each bucket's decode step before capture "
+        "([engine] compile_step)",
+    )
     p.add_argument("--out", type=Path, required=True, help="JSON file to write")
     p.set_defaults(func=_bench_engine)
 
@@ -166,6 +184,17 @@ def run_engine_bench(args: argparse.Namespace) -> dict[str, Any]:
     unknown = sorted(set(engines) - set(ENGINES))
     if unknown:
         raise SystemExit(f"unknown engine(s) {', '.join(unknown)}; choose from {ENGINES}")
+    peer: str | None = args.peer
+    # Checked before anything is measured: the engines can take minutes.
+    if peer == "transformers" and not all(
+        importlib.util.find_spec(m) for m in ("torch", "transformers")
+    ):
+        raise SystemExit(
+            "--peer transformers needs Hugging Face transformers and torch: "
+            "pip install transformers torch (or pip install 'captiond[bench,torch]')"
+        )
+    if peer and steps < 2:
+        raise SystemExit("--peer times the decode step as a difference: --steps must be ≥ 2")
     model_path = resolve_model(args.model)
     audio, audio_name = _load_audio(args.audio)
     report: dict[str, Any] = {
@@ -175,6 +204,7 @@ def run_engine_bench(args: argparse.Namespace) -> dict[str, Any]:
             "torch": _version("torch"),
             "ctranslate2": _version("ctranslate2"),
             "faster-whisper": _version("faster-whisper"),
+            "transformers": _version("transformers"),
             "captiond": captiond.__version__,
         },
         "config": {
@@ -183,6 +213,7 @@ def run_engine_bench(args: argparse.Namespace) -> dict[str, Any]:
             "batches": batches,
             "steps": steps,
             "random_weights": args.random_weights,
+            "peer": peer,
             "model": model_display_name(model_path),
             "audio": audio_name,
             "audio_s": audio.size / SAMPLE_RATE_HZ,
@@ -195,17 +226,25 @@ def run_engine_bench(args: argparse.Namespace) -> dict[str, Any]:
 
             report["machine"]["gpu"] = bench.device_summary()["gpu"]
             report["engines"][name] = bench.measure(
-                model_path, device, batches, steps, audio, args.random_weights
+                model_path, device, batches, steps, audio, args.random_weights, args.compile_step
             )
         elif args.random_weights:
             report["engines"][name] = {"skipped": "faster-whisper cannot use random weights"}
         else:
             report["engines"][name] = _faster_whisper(model_path, device, batches, steps, audio)
+    if peer == "transformers":
+        from captiond.bench import peer_transformers
+
+        report["peers"] = {
+            peer: peer_transformers.measure(
+                model_path, device, batches, steps, audio, args.random_weights
+            )
+        }
     return report
 
 
 def _bench_engine(args: argparse.Namespace) -> int:
     report = run_engine_bench(args)
     args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps(report["engines"], indent=2))
+    print(json.dumps({**report["engines"], **report.get("peers", {})}, indent=2))
     return 0

@@ -7,8 +7,10 @@ Engine modules are imported lazily so that `import captiond` never imports torch
 
 from __future__ import annotations
 
+import contextlib
 import enum
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -82,8 +84,36 @@ class EngineResult:
     unit_probs: tuple[float, ...] = ()
 
 
+class PhaseTimes:
+    """Wall time an engine spends in each phase of its batches (phases named by the engine).
+    The engine thread adds to it while decoding and the scheduler, on the same thread, drains
+    it after every batch into `captiond_engine_phase_seconds`."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed_s = time.perf_counter() - started
+            self._seconds[name] = self._seconds.get(name, 0.0) + elapsed_s
+
+    def drain(self) -> dict[str, float]:
+        """Seconds per phase since the last drain."""
+        seconds, self._seconds = self._seconds, {}
+        return seconds
+
+
 class Engine(Protocol):
     """A loaded model that decodes batches of requests, synchronously, on the engine thread."""
+
+    @property
+    def phases(self) -> PhaseTimes:
+        """Where the time of its batches goes (`PhaseTimes`)."""
+        ...
 
     @property
     def name(self) -> str: ...
@@ -153,6 +183,29 @@ def choose_language(probabilities: dict[str, float], hint: str | None) -> tuple[
     if probabilities[detected] >= LANGUAGE_SWITCH_PROBABILITY:
         return detected, probabilities[detected]
     return hint, probabilities[hint]
+
+
+N_FRAMES = 3000  # one 30 s Whisper window of 10 ms mel frames
+HOP_SAMPLES = 160  # 10 ms at 16 kHz: one mel frame
+_PARTIAL_MARGIN_FRAMES = 200
+_PARTIAL_STEP_FRAMES = 500
+
+
+def window_frames(request: EngineRequest, partial_min_frames: int) -> int:
+    """Mel frames to encode: a full 30 s window, or a shorter one for partials (both engines).
+
+    The encoder's cost grows with its input and Whisper's encoder accepts fewer than 3000
+    frames (the first positional embeddings), so partials encode their audio plus
+    `_PARTIAL_MARGIN_FRAMES`, in steps of `_PARTIAL_STEP_FRAMES` (so that partials of similar
+    length share an encoder call), never less than `partial_min_frames`
+    (`partial_window_min_s`): much shorter windows make Whisper loop. 0 turns this off. Finals
+    always use the full window, as offline transcription does.
+    """
+    if request.kind is not DecodeKind.PARTIAL or partial_min_frames <= 0:
+        return N_FRAMES
+    needed = len(request.audio) // HOP_SAMPLES + _PARTIAL_MARGIN_FRAMES
+    stepped = -(-needed // _PARTIAL_STEP_FRAMES) * _PARTIAL_STEP_FRAMES
+    return min(N_FRAMES, max(partial_min_frames, stepped))
 
 
 def unit_probabilities(

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from captiond.engines import EngineRequest, EngineResult
+from captiond.engines import EngineRequest, EngineResult, PhaseTimes
 
 WORD_SAMPLES = 4_000
 
@@ -22,6 +22,11 @@ class FakeEngine:
     def __init__(self, *, delay_s: float = 0.0) -> None:
         self._delay_s = delay_s
         self.batches: list[int] = []  # batch sizes seen, for scheduler tests
+        self._phases = PhaseTimes()  # all of a fake's time is `decode`
+
+    @property
+    def phases(self) -> PhaseTimes:
+        return self._phases
 
     @property
     def name(self) -> str:
@@ -47,9 +52,10 @@ class FakeEngine:
 
     def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
         self.batches.append(len(requests))
-        if self._delay_s:
-            time.sleep(self._delay_s)
-        return [self._one(r) for r in requests]
+        with self._phases.phase("decode"):
+            if self._delay_s:
+                time.sleep(self._delay_s)
+            return [self._one(r) for r in requests]
 
     @staticmethod
     def _one(request: EngineRequest) -> EngineResult:

@@ -20,20 +20,19 @@ import numpy.typing as npt
 
 from captiond.config import EngineConfig
 from captiond.engines import (
+    N_FRAMES,
     DecodeKind,
     EngineRequest,
     EngineResult,
+    PhaseTimes,
     choose_language,
     fit_prompt,
     unit_probabilities,
+    window_frames,
 )
 from captiond.errors import ConfigError
 from captiond.models import model_display_name
 
-N_FRAMES = 3000  # one 30 s Whisper window of 10 ms mel frames
-HOP_SAMPLES = 160  # 10 ms at 16 kHz: one mel frame
-_PARTIAL_MARGIN_FRAMES = 200
-_PARTIAL_STEP_FRAMES = 500
 MAX_LENGTH = 448  # Whisper's text context: prompt plus generated tokens
 
 
@@ -74,6 +73,12 @@ class FasterWhisperEngine:
         self._model_name = model_display_name(model_path)
         self._partial_min_frames = round(config.partial_window_min_s * 100)
         self._tokenizers: dict[tuple[str, str] | None, Any] = {}
+        self._phases = PhaseTimes()
+
+    @property
+    def phases(self) -> PhaseTimes:
+        """languages (detection), encode (log-mel and encoder), generate, results."""
+        return self._phases
 
     @property
     def name(self) -> str:
@@ -112,21 +117,6 @@ class FasterWhisperEngine:
         mel: npt.NDArray[np.float32] = self._model.feature_extractor(audio)[..., :-1]
         mel = mel[:, :frames]
         return np.pad(mel, ((0, 0), (0, frames - mel.shape[-1]))).astype(np.float32)
-
-    def window_frames(self, request: EngineRequest) -> int:
-        """Mel frames to encode: a full 30 s window, or a shorter one for partials.
-
-        The encoder's cost grows with its input and CTranslate2 accepts fewer than 3000
-        frames, so partials encode their audio plus `_PARTIAL_MARGIN_FRAMES`, in steps of
-        `_PARTIAL_STEP_FRAMES` (so that partials of similar length share a batch), never less
-        than `partial_window_min_s`: much shorter windows make Whisper loop. Finals always use
-        the full window, as offline transcription does.
-        """
-        if request.kind is not DecodeKind.PARTIAL or self._partial_min_frames <= 0:
-            return N_FRAMES
-        needed = len(request.audio) // HOP_SAMPLES + _PARTIAL_MARGIN_FRAMES
-        stepped = -(-needed // _PARTIAL_STEP_FRAMES) * _PARTIAL_STEP_FRAMES
-        return min(N_FRAMES, max(self._partial_min_frames, stepped))
 
     def _tokenizer(self, language: str, task: str) -> Any:
         from faster_whisper.tokenizer import Tokenizer
@@ -178,7 +168,9 @@ class FasterWhisperEngine:
     def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
         from faster_whisper.transcribe import get_suppressed_tokens
 
-        languages = self.languages(requests)
+        phase = self.phases.phase
+        with phase("languages"):
+            languages = self.languages(requests)
         tokenizers = [
             self._tokenizer(language, r.task)
             for (language, _), r in zip(languages, requests, strict=True)
@@ -191,31 +183,35 @@ class FasterWhisperEngine:
         groups: dict[tuple[int, int, int, int], list[int]] = {}
         for i, r in enumerate(requests):
             sot = prompts[i].index(tokenizers[i].sot)
-            key = (self.window_frames(r), r.beam_size, sot, len(prompts[i]))
+            key = (window_frames(r, self._partial_min_frames), r.beam_size, sot, len(prompts[i]))
             groups.setdefault(key, []).append(i)
         results: dict[int, EngineResult] = {}
         for (frames, beam, _, _), idx in sorted(groups.items()):
-            features = np.stack([self.features(requests[i].audio, frames) for i in idx])
+            with phase("encode"):
+                features = np.stack([self.features(requests[i].audio, frames) for i in idx])
+                encoded = self._model.encode(features)
             # A greedy partial's per-step distributions give its words' probabilities.
             partials = beam == 1 and any(requests[i].kind is DecodeKind.PARTIAL for i in idx)
-            generated = self._decoder.generate(
-                self._model.encode(features),
-                [prompts[i] for i in idx],
-                beam_size=beam,
-                max_length=MAX_LENGTH,
-                return_scores=True,
-                return_logits_vocab=partials,
-                return_no_speech_prob=True,
-                suppress_blank=True,
-                suppress_tokens=get_suppressed_tokens(tokenizers[idx[0]], [-1]),
-            )
-            for i, out in zip(idx, generated, strict=True):
-                partial = requests[i].kind is DecodeKind.PARTIAL
-                result = self._result(tokenizers[i], out, planned[i][1], partial)
-                language, probability = languages[i]
-                results[i] = dataclasses.replace(
-                    result, language=language, language_probability=probability
+            with phase("generate"):
+                generated = self._decoder.generate(
+                    encoded,
+                    [prompts[i] for i in idx],
+                    beam_size=beam,
+                    max_length=MAX_LENGTH,
+                    return_scores=True,
+                    return_logits_vocab=partials,
+                    return_no_speech_prob=True,
+                    suppress_blank=True,
+                    suppress_tokens=get_suppressed_tokens(tokenizers[idx[0]], [-1]),
                 )
+            with phase("results"):
+                for i, out in zip(idx, generated, strict=True):
+                    partial = requests[i].kind is DecodeKind.PARTIAL
+                    result = self._result(tokenizers[i], out, planned[i][1], partial)
+                    language, probability = languages[i]
+                    results[i] = dataclasses.replace(
+                        result, language=language, language_probability=probability
+                    )
         return [results[i] for i in range(len(requests))]
 
     @staticmethod

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from captiond.engines import Engine, EngineRequest, EngineResult
+from captiond.engines import Engine, EngineRequest, EngineResult, PhaseTimes
 
 # Speech is enough 32-ms Silero frames at or above a probability, making up a share of the audio
 # checked; either rule will do. Measured per webrtcvad utterance (tests/synth_sounds.py and the
@@ -60,6 +60,11 @@ class GatedEngine:
         return self._engine
 
     @property
+    def phases(self) -> PhaseTimes:
+        """The inner engine's, with the gate's own time as `speech_gate`."""
+        return self._engine.phases
+
+    @property
     def name(self) -> str:
         return self._engine.name
 
@@ -83,11 +88,12 @@ class GatedEngine:
         self._engine.close()
 
     def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
-        passed = [
-            i
-            for i, r in enumerate(requests)
-            if r.speech_from_sample is None or has_speech(r.audio[r.speech_from_sample :])
-        ]
+        with self.phases.phase("speech_gate"):
+            passed = [
+                i
+                for i, r in enumerate(requests)
+                if r.speech_from_sample is None or has_speech(r.audio[r.speech_from_sample :])
+            ]
         self.gated += len(requests) - len(passed)
         decoded = self._engine.transcribe_batch([requests[i] for i in passed]) if passed else []
         results = [NO_SPEECH] * len(requests)

@@ -3,9 +3,10 @@
 Owns the wiring of weights, mel front end, encoder, static KV cache, greedy decoder and step
 graphs behind the `Engine` protocol. Built on the main thread by `load_engine`; every other call
 (warmup, transcribe_batch, close) runs on the engine thread only. This package is the only place
-in captiond that imports torch.
+in the daemon that imports torch (the bench's transformers peer is the other).
 
 Per batch: log-mel on the device (audio staged through a pinned buffer), one batched encoder pass
+per window length (partials encode a trimmed window, as faster-whisper's; rows longest first)
 writing cross-attention K/V, language detection where a request asks for it (one eager decoder
 step; requests whose detection window starts later get their own batched encoder pass first),
 an eager prefill of the prompts (language and task tokens included), then the single-token step
@@ -15,6 +16,7 @@ replayed from a CUDA graph of the batch's bucket; the host looks at the finished
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from collections.abc import Sequence
@@ -26,27 +28,39 @@ import torch
 
 from captiond.config import EngineConfig
 from captiond.engines import (
+    N_FRAMES,
     DecodeKind,
     EngineRequest,
     EngineResult,
+    PhaseTimes,
     choose_language,
     unit_probabilities,
+    window_frames,
 )
 from captiond.engines.torch_graph.cuda_graph import StepGraphs, bucket_for, bucket_sizes
-from captiond.engines.torch_graph.decode import GreedyDecoder
-from captiond.engines.torch_graph.kv_cache import allocate_cache
+from captiond.engines.torch_graph.decode import DecodedRow, GreedyDecoder
+from captiond.engines.torch_graph.kv_cache import allocate_cache, bytes_per_row
 from captiond.engines.torch_graph.mel import MelFrontend
 from captiond.engines.torch_graph.model import build_model
 from captiond.engines.torch_graph.tokens import WhisperTokens, compression_ratio
-from captiond.engines.torch_graph.weights import dims_from_tensors, load_tensors, random_tensors
+from captiond.engines.torch_graph.weights import (
+    ModelDims,
+    dims_from_tensors,
+    load_tensors,
+    random_tensors,
+)
 from captiond.models import model_display_name
 
 __all__ = ["TorchGraphEngine"]
 
 logger = logging.getLogger(__name__)
 
-# Buckets up to this many rows; the CPU default stays small (its KV cache is FP32 and in RAM).
-DEFAULT_MAX_BATCH_CUDA = 32
+# Buckets up to this many rows. On CUDA the largest power of two up to 128 whose KV cache fits a
+# quarter of the GPU's memory, at most 16 GiB (80 GB H100: tiny.en and base 128 rows, 1.4 and
+# 2.9 GiB; large-v3 32, 9.5 GiB); batches of 32 were the ceiling at 500 streams on an H100. The
+# CPU default stays small (its KV cache is FP32 and in RAM).
+MAX_BATCH_CUDA = 128
+KV_CACHE_BUDGET_BYTES = 16 * 2**30
 DEFAULT_MAX_BATCH_CPU = 8
 WARMUP_AUDIO_SAMPLES = 16_000
 
@@ -56,6 +70,14 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def _cuda_max_batch(dims: ModelDims, dtype: torch.dtype, device_bytes: int) -> int:
+    budget_bytes = min(KV_CACHE_BUDGET_BYTES, device_bytes // 4)
+    rows = MAX_BATCH_CUDA
+    while rows > 1 and rows * bytes_per_row(dims, dtype) > budget_bytes:
+        rows //= 2
+    return rows
 
 
 def _detect_offset(request: EngineRequest) -> int:
@@ -107,14 +129,27 @@ class TorchGraphEngine:
         self.model = build_model(tensors, dims)
         self.tokens = WhisperTokens(model_path, dims.n_vocab)
         if max_batch is None:
-            max_batch = DEFAULT_MAX_BATCH_CUDA if on_cuda else DEFAULT_MAX_BATCH_CPU
+            max_batch = (
+                _cuda_max_batch(
+                    dims, self.dtype, torch.cuda.get_device_properties(self.device).total_memory
+                )
+                if on_cuda
+                else DEFAULT_MAX_BATCH_CPU
+            )
         self.max_batch = max_batch
         self.check_every_steps = check_every_steps
+        self._partial_min_frames = round(config.partial_window_min_s * 100)
+        self._phases = PhaseTimes()
         self.cache = allocate_cache(dims, max_batch, self.device, self.dtype)
         self.mel = MelFrontend(dims.n_mels, max_batch, self.device)
         self.decoder = GreedyDecoder(self.model, self.cache, self.tokens, self.device)
         use_graphs = on_cuda if graphs is None else graphs
-        self.graphs = StepGraphs(self.decoder.step, bucket_sizes(max_batch), enabled=use_graphs)
+        self.graphs = StepGraphs(
+            self.decoder.step,
+            bucket_sizes(max_batch),
+            enabled=use_graphs,
+            compiled=config.compile_step and on_cuda,
+        )
         logger.info(
             "torch_graph: %s on %s (%s), max batch %d, KV cache %.1f MiB",
             self._model_name,
@@ -123,6 +158,15 @@ class TorchGraphEngine:
             max_batch,
             self.cache.n_bytes / 2**20,
         )
+
+    @property
+    def phases(self) -> PhaseTimes:
+        """encode (mel staging, log-mel, encoder, detection), prefill (prompts and their
+        prefill), decode (the steps, waiting on the finished flags), read_back (the last wait
+        for the device and the copy back), results (text and word probabilities). On CUDA the
+        device work is asynchronous: a phase that only queues work is fast, and the waits for
+        it show in decode and read_back."""
+        return self._phases
 
     @property
     def name(self) -> str:
@@ -155,30 +199,56 @@ class TorchGraphEngine:
         return results
 
     def _transcribe_chunk(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
+        """Rows ordered by window length, longest first, so each length's rows are one encoder
+        call; the results come back in the requests' order."""
+        frames = [window_frames(r, self._partial_min_frames) for r in requests]
+        order = sorted(range(len(requests)), key=lambda i: -frames[i])
+        decoded = self._decode_rows([requests[i] for i in order], [frames[i] for i in order])
+        row_of = {i: row for row, i in enumerate(order)}
+        return [decoded[row_of[i]] for i in range(len(requests))]
+
+    def _decode_rows(
+        self, requests: Sequence[EngineRequest], frames: Sequence[int]
+    ) -> list[EngineResult]:
         n = len(requests)
         if n == 0:
             return []
         bucket = bucket_for(n, self.graphs.buckets)
+        phase = self.phases.phase
         with torch.no_grad():
-            languages = self._encode_and_detect(requests)
-            plans = [
-                self.tokens.prompt(r.prompt, language, r.prefix, r.task)
-                for r, (language, _) in zip(requests, languages, strict=True)
-            ]
-            no_speech = self.decoder.prefill(plans, bucket)
-            # The prefill chose the first token; the step makes the rest.
-            for step in range(max(plan.max_new_tokens for plan in plans) - 1):
-                self.graphs.run(bucket)
-                if (step + 1) % self.check_every_steps == 0 and self.decoder.all_finished(n):
-                    break
-            rows = self.decoder.read_back(no_speech, n)
+            with phase("encode"):
+                languages = self._encode_and_detect(requests, frames)
+            with phase("prefill"):
+                plans = [
+                    self.tokens.prompt(r.prompt, language, r.prefix, r.task)
+                    for r, (language, _) in zip(requests, languages, strict=True)
+                ]
+                no_speech = self.decoder.prefill(plans, bucket)
+            with phase("decode"):
+                # The prefill chose the first token; the step makes the rest.
+                for step in range(max(plan.max_new_tokens for plan in plans) - 1):
+                    self.graphs.run(bucket)
+                    if (step + 1) % self.check_every_steps == 0 and self.decoder.all_finished(n):
+                        break
+            with phase("read_back"):
+                rows = self.decoder.read_back(no_speech, n)
+        with phase("results"):
+            return self._results(rows, requests, languages)
+
+    def _results(
+        self,
+        rows: Sequence[DecodedRow],
+        requests: Sequence[EngineRequest],
+        languages: Sequence[tuple[str, float]],
+    ) -> list[EngineResult]:
+        """Text, compression ratio and (partials) word probabilities of each decoded row."""
         results = []
         for row, request, (language, probability) in zip(rows, requests, languages, strict=True):
             text = self.tokens.decode(row.tokens).strip()
             unit_probs: tuple[float, ...] = ()
             if request.kind is DecodeKind.PARTIAL:  # finals need no word probabilities
                 probs = [math.exp(p) for p in row.token_logprobs]
-                unit_probs = unit_probabilities(self.tokens.decode, row.tokens, probs)
+                unit_probs = unit_probabilities(self.tokens.decode_words, row.tokens, probs)
             results.append(
                 EngineResult(
                     text=text,
@@ -193,25 +263,37 @@ class TorchGraphEngine:
             )
         return results
 
-    def _encode(self, audios: Sequence[npt.NDArray[np.float32]]) -> None:
-        """Log-mel and encoder for `audios`, into the first rows of the cross-attention cache."""
-        self.decoder.encode(self.mel(audios).to(self.dtype))
+    def _encode(
+        self, audios: Sequence[npt.NDArray[np.float32]], frames: Sequence[int] | None = None
+    ) -> None:
+        """Log-mel and encoder for `audios`, into the first rows of the cross-attention cache:
+        one encoder call per run of equal `frames` (mel frames, 30-s windows when None)."""
+        mel = self.mel(audios).to(self.dtype)
+        first = 0
+        for length, run in itertools.groupby(frames or [N_FRAMES] * len(audios)):
+            rows = len(list(run))
+            self.decoder.encode(mel[first : first + rows, :, :length], first)
+            first += rows
 
-    def _encode_and_detect(self, requests: Sequence[EngineRequest]) -> list[tuple[str, float]]:
-        """Encode the decode windows (left in the cross-attention cache for the prefill) and
-        return each request's decode language and its probability, detecting where asked.
+    def _encode_and_detect(
+        self, requests: Sequence[EngineRequest], frames: Sequence[int]
+    ) -> list[tuple[str, float]]:
+        """Encode the decode windows (`frames` mel frames each, equal ones adjacent; left in
+        the cross-attention cache for the prefill) and return each request's decode language
+        and its probability, detecting where asked.
 
-        Detection windows that start later than the decode window are encoded first, as one
-        batch of their own; those that start at sample 0 are the decode window, so detection
-        reads the decode encoding. One host transfer brings every probability back.
+        Detection sees a full 30-s window (as faster-whisper's). Those that start later than
+        the decode window, or whose decode window is shorter, are encoded first, as one batch
+        of their own; the others are the decode window, so detection reads the decode
+        encoding. One host transfer brings every probability back.
         """
         detect = [i for i, r in enumerate(requests) if r.language is None and self.multilingual]
-        shifted = [i for i in detect if _detect_offset(requests[i]) > 0]
+        shifted = [i for i in detect if _detect_offset(requests[i]) > 0 or frames[i] < N_FRAMES]
         detected: list[torch.Tensor] = []
         if shifted:
             self._encode([requests[i].audio[_detect_offset(requests[i]) :] for i in shifted])
             detected.append(self.decoder.language_probs(len(shifted)))
-        self._encode([r.audio for r in requests])
+        self._encode([r.audio for r in requests], frames)
         in_place = [i for i in detect if i not in shifted]
         if in_place:
             # Rows 0 .. last in-place row; the rows between cost one token each.

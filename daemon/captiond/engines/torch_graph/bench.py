@@ -31,7 +31,8 @@ def device_summary() -> dict[str, Any]:
     return {"torch": torch.__version__, "gpu": gpu, "cuda": torch.version.cuda}
 
 
-def _timed_s(device: torch.device, work: Callable[[], object]) -> float:
+def timed_s(device: torch.device, work: Callable[[], object]) -> float:
+    """Wall time of `work`, the device synchronised before and after."""
     if device.type == "cuda":
         torch.cuda.synchronize()
     started_s = time.perf_counter()
@@ -50,7 +51,7 @@ def _step_us(engine: TorchGraphEngine, bucket: int, steps: int, graphed: bool) -
 
     with torch.no_grad():
         loop()  # warm: first calls select kernels
-        return _timed_s(engine.device, loop) / steps * 1e6
+        return timed_s(engine.device, loop) / steps * 1e6
 
 
 def _measure_batch(
@@ -60,9 +61,9 @@ def _measure_batch(
     requests = [EngineRequest(audio=audio, kind=DecodeKind.FINAL)] * batch
     bucket = bucket_for(batch, engine.graphs.buckets)
     with torch.no_grad():
-        mel_s = _timed_s(engine.device, lambda: engine.mel(audios))
+        mel_s = timed_s(engine.device, lambda: engine.mel(audios))
         mel = engine.mel(audios).to(engine.dtype)
-        encoder_s = _timed_s(engine.device, lambda: engine.decoder.encode(mel))
+        encoder_s = timed_s(engine.device, lambda: engine.decoder.encode(mel))
         engine.decoder.prefill([engine.tokens.prompt("", None)] * batch, bucket)
     eager_us = _step_us(engine, bucket, steps, graphed=False)
     row: dict[str, Any] = {
@@ -77,7 +78,7 @@ def _measure_batch(
         row["decode_graphed_us_per_step"] = graphed_us
         row["decode_graphed_us_per_token"] = graphed_us / batch
     results: list[Any] = []
-    wall_s = _timed_s(engine.device, lambda: results.extend(engine.transcribe_batch(requests)))
+    wall_s = timed_s(engine.device, lambda: results.extend(engine.transcribe_batch(requests)))
     row["end_to_end_s"] = wall_s
     row["tokens_generated"] = sum(len(r.tokens) for r in results)
     row["audio_s_per_wall_s"] = batch * audio.size / SAMPLE_RATE_HZ / wall_s
@@ -91,14 +92,15 @@ def measure(
     steps: int,
     audio: npt.NDArray[np.float32],
     random_shape: str | None,
+    compile_step: bool = False,
 ) -> dict[str, Any]:
     """Per batch size: ms per encoder window, µs per decode step and token, audio s per wall s."""
-    config = EngineConfig(name="torch_graph", device=device)
+    config = EngineConfig(name="torch_graph", device=device, compile_step=compile_step)
     engine = TorchGraphEngine(model_path, config, max_batch=max(batches), random_shape=random_shape)
     on_cuda = engine.device.type == "cuda"
     if on_cuda:
         torch.cuda.reset_peak_memory_stats()
-    warmup_s = _timed_s(engine.device, engine.warmup)
+    warmup_s = timed_s(engine.device, engine.warmup)
     per_batch = {str(b): _measure_batch(engine, b, steps, audio) for b in batches}
     memory = (
         {"peak_device_memory_bytes": torch.cuda.max_memory_allocated()}
@@ -110,6 +112,7 @@ def measure(
         "device": str(engine.device),
         "dtype": str(engine.dtype).removeprefix("torch."),
         "graphs": engine.graphs.captured,
+        "compiled_step": engine.graphs.compiled,
         "warmup_s": warmup_s,
         "kv_cache_bytes": engine.cache.n_bytes,
         "batches": per_batch,

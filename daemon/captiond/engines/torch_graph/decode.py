@@ -107,9 +107,10 @@ class GreedyDecoder:
         )
         self.host_no_speech = torch.zeros(rows, dtype=torch.float32, pin_memory=pinned)
 
-    def encode(self, mel: torch.Tensor) -> None:
-        """Batched encoder; its output lives only as the cross-attention cache."""
-        self.model.decoder.write_cross(self.model.encoder(mel), self.cache)
+    def encode(self, mel: torch.Tensor, first_row: int = 0) -> None:
+        """Batched encoder of rows first_row ..; its output lives only as the cross-attention
+        cache."""
+        self.model.decoder.write_cross(self.model.encoder(mel), self.cache, first_row)
 
     def language_probs(self, n: int) -> torch.Tensor:
         """[n, languages] float32: p(language) of the first n rows of the cross-attention cache,

@@ -3,8 +3,9 @@
 Owns the device memory the decoder attends to: self-attention K/V `[L, B, H, 448, Dh]`, written at
 a device-side position each step, and cross-attention K/V `[L, B, H, 1500, Dh]`, written once per
 request from the encoder output. A bucket of b rows uses the first b rows of each layer, which is
-a contiguous view, so CUDA graphs captured for different buckets read the same buffers. Runs on
-the engine thread only.
+a contiguous view, so CUDA graphs captured for different buckets read the same buffers. A row's
+cross-attention reads only its first `cross_len` encoder positions: a window shorter than 30 s
+encodes to fewer. Runs on the engine thread only.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ class KVCache:
     self_v: torch.Tensor
     cross_k: torch.Tensor
     cross_v: torch.Tensor
+    # [B] int64: encoder positions each row's cross-attention sees (a partial's shorter window
+    # fills only the first ones; the rest hold an earlier request's K/V).
+    cross_len: torch.Tensor
 
     @property
     def n_text_ctx(self) -> int:
@@ -37,6 +41,13 @@ class KVCache:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def bytes_per_row(dims: ModelDims, dtype: torch.dtype) -> int:
+    """KV cache bytes of one batch row (self and cross attention, K and V, every layer)."""
+    positions = dims.n_text_ctx + dims.n_audio_ctx
+    element_bytes = torch.empty((), dtype=dtype).element_size()
+    return 2 * dims.n_text_layer * positions * dims.n_text_state * element_bytes
+
+
 def allocate_cache(
     dims: ModelDims, max_batch: int, device: torch.device, dtype: torch.dtype
 ) -> KVCache:
@@ -49,4 +60,5 @@ def allocate_cache(
         self_v=torch.zeros(self_shape, device=device, dtype=dtype),
         cross_k=torch.zeros(cross_shape, device=device, dtype=dtype),
         cross_v=torch.zeros(cross_shape, device=device, dtype=dtype),
+        cross_len=torch.full((max_batch,), dims.n_audio_ctx, dtype=torch.int64, device=device),
     )

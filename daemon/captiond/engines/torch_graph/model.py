@@ -103,10 +103,11 @@ class AudioEncoder(nn.Module):
         return cast(torch.Tensor, super().__call__(mel))
 
     def forward(self, mel: torch.Tensor) -> torch.Tensor:
-        """[B, n_mels, 3000] -> [B, 1500, D]."""
+        """[B, n_mels, 2T] -> [B, T, D]; T = 1500 for a 30-s window (as CTranslate2, a shorter
+        window takes the first T positional embeddings)."""
         x = F.gelu(self.conv1(mel))
         x = F.gelu(self.conv2(x)).transpose(1, 2)
-        x = x + self.positional_embedding
+        x = x + self.positional_embedding[: x.shape[1]]
         for block in self.layers:
             x = block.forward(x)
         return self.ln_post(x)
@@ -126,27 +127,33 @@ class DecoderBlock(nn.Module):
         self.mlp_ln = LayerNorm(width)
         self.mlp = MLP(width)
 
-    def write_cross(self, audio: torch.Tensor, cache: KVCache, layer: int) -> None:
+    def write_cross(self, audio: torch.Tensor, cache: KVCache, layer: int, rows: slice) -> None:
         """Project the encoder output once per request into the cross-attention cache."""
         k, v = self.cross_kv(audio).chunk(2, dim=-1)
-        n = audio.shape[0]
-        cache.cross_k[layer, :n].copy_(_heads(k, self.n_head))
-        cache.cross_v[layer, :n].copy_(_heads(v, self.n_head))
+        n_ctx = audio.shape[1]
+        cache.cross_k[layer, rows, :, :n_ctx].copy_(_heads(k, self.n_head))
+        cache.cross_v[layer, rows, :, :n_ctx].copy_(_heads(v, self.n_head))
 
-    def _cross(self, x: torch.Tensor, cache: KVCache, layer: int) -> torch.Tensor:
+    def _cross(
+        self, x: torch.Tensor, cache: KVCache, layer: int, cross_mask: torch.Tensor
+    ) -> torch.Tensor:
         n = x.shape[0]
         q = _heads(self.cross_q(self.cross_ln(x)), self.n_head)
-        out = F.scaled_dot_product_attention(q, cache.cross_k[layer, :n], cache.cross_v[layer, :n])
+        out = F.scaled_dot_product_attention(
+            q, cache.cross_k[layer, :n], cache.cross_v[layer, :n], attn_mask=cross_mask
+        )
         return x + self.cross_out(_merge(out))
 
-    def prefill(self, x: torch.Tensor, cache: KVCache, layer: int) -> torch.Tensor:
+    def prefill(
+        self, x: torch.Tensor, cache: KVCache, layer: int, cross_mask: torch.Tensor
+    ) -> torch.Tensor:
         """Whole right-padded prompts at positions 0..T-1; causal attention over themselves."""
         n, n_ctx, _ = x.shape
         q, k, v = (_heads(t, self.n_head) for t in self.qkv(self.attn_ln(x)).chunk(3, dim=-1))
         cache.self_k[layer, :n, :, :n_ctx].copy_(k)
         cache.self_v[layer, :n, :, :n_ctx].copy_(v)
         x = x + self.attn_out(_merge(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
-        x = self._cross(x, cache, layer)
+        x = self._cross(x, cache, layer, cross_mask)
         return x + self.mlp(self.mlp_ln(x))
 
     def step(
@@ -154,6 +161,7 @@ class DecoderBlock(nn.Module):
         x: torch.Tensor,
         positions: torch.Tensor,
         mask: torch.Tensor,
+        cross_mask: torch.Tensor,
         cache: KVCache,
         layer: int,
     ) -> torch.Tensor:
@@ -167,7 +175,7 @@ class DecoderBlock(nn.Module):
         self_v.scatter_(2, index, v)
         attended = F.scaled_dot_product_attention(q, self_k, self_v, attn_mask=mask)
         x = x + self.attn_out(_merge(attended))
-        x = self._cross(x, cache, layer)
+        x = self._cross(x, cache, layer, cross_mask)
         return x + self.mlp(self.mlp_ln(x))
 
 
@@ -193,9 +201,18 @@ class TextDecoder(nn.Module):
         """Tied output projection (no bias), in float32 for the log-softmax."""
         return (self.ln(hidden) @ self.token_embedding.weight.T).float()
 
-    def write_cross(self, audio: torch.Tensor, cache: KVCache) -> None:
+    def write_cross(self, audio: torch.Tensor, cache: KVCache, first_row: int = 0) -> None:
+        """The encoder output [n, T, D] of rows first_row .. first_row + n - 1."""
+        rows = slice(first_row, first_row + audio.shape[0])
         for layer, block in enumerate(self.layers):
-            block.write_cross(audio, cache, layer)
+            block.write_cross(audio, cache, layer, rows)
+        cache.cross_len[rows].fill_(audio.shape[1])
+
+    @staticmethod
+    def _cross_mask(cache: KVCache, n: int) -> torch.Tensor:
+        """[n, 1, 1, n_audio_ctx]: the encoder positions each row's window filled."""
+        slots = torch.arange(cache.cross_k.shape[3], device=cache.cross_k.device)
+        return (slots[None, :] < cache.cross_len[:n, None])[:, None, None, :]
 
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """[B, T] right-padded prompt tokens -> hidden states [B, T, D] (pre final norm)."""
@@ -203,8 +220,9 @@ class TextDecoder(nn.Module):
             F.embedding(tokens, self.token_embedding.weight)
             + self.positional_embedding[: tokens.shape[1]]
         )
+        cross_mask = self._cross_mask(cache, tokens.shape[0])
         for layer, block in enumerate(self.layers):
-            x = block.prefill(x, cache, layer)
+            x = block.prefill(x, cache, layer, cross_mask)
         return x
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -215,8 +233,9 @@ class TextDecoder(nn.Module):
         # Row r may see cache slots 0..positions[r]; later slots hold stale or padding K/V.
         slots = torch.arange(cache.n_text_ctx, device=tokens.device)
         mask = (slots[None, :] <= positions[:, None])[:, None, None, :]
+        cross_mask = self._cross_mask(cache, tokens.shape[0])
         for layer, block in enumerate(self.layers):
-            x = block.step(x, positions, mask, cache, layer)
+            x = block.step(x, positions, mask, cross_mask, cache, layer)
         return self.logits(x[:, 0])
 
 
