@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from captiond import audio
 from captiond.audio import (
     FRAME_SAMPLES,
     AudioBuffer,
@@ -133,6 +134,13 @@ _op = st.tuples(
 @settings(max_examples=200, deadline=None)
 @given(ops=st.lists(_op, max_size=40))
 def test_audio_buffer_matches_a_model(ops: list[tuple[str, int, int]]) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        # A small first array: the run grows it and moves the kept audio to new ones.
+        patch.setattr(audio, "_MIN_BUFFER_SAMPLES", 64)
+        _check_audio_buffer(ops)
+
+
+def _check_audio_buffer(ops: list[tuple[str, int, int]]) -> None:
     buffer = AudioBuffer()
     end = 0
     kept_start = 0
@@ -172,6 +180,21 @@ def test_audio_buffer_discard_keeps_later_slices() -> None:
     # Discarding never moves backwards.
     buffer.discard_before(100)
     assert buffer.start_sample == 2500
+
+
+def test_audio_buffer_memory_follows_what_is_kept() -> None:
+    """A long stream that keeps its last 30 s holds an array of about twice that, however long
+    it runs (appending never copies what is kept more than once per array)."""
+    buffer = AudioBuffer()
+    chunk, keep = 8_000, 30 * 16_000
+    for k in range(2_000):  # 1,000 s of audio in 0.5-s chunks
+        buffer.append(_ramp(chunk, start=k * chunk))
+        buffer.discard_before(buffer.end_sample - keep)
+    assert buffer.start_sample == buffer.end_sample - keep
+    np.testing.assert_array_equal(
+        buffer.slice(buffer.start_sample, buffer.end_sample), _ramp(keep, buffer.start_sample)
+    )
+    assert buffer._data.size <= 2 * (keep + chunk)
 
 
 def test_audio_buffer_slice_is_a_copy() -> None:

