@@ -85,7 +85,8 @@ class AudioBuffer:
     One array, appended in place and read from `_head`: dropping old audio moves `_head`, and
     the kept audio moves to the front of a new array only when the array is full (amortised
     O(1) per sample). Concatenating the buffer on every push, as it once did, was 45 % of a
-    worker's CPU at 150 streams.
+    worker's CPU at 150 streams. An array is only ever written past its fill, never
+    overwritten, so a `view` stays valid while the buffer keeps taking audio.
     """
 
     def __init__(self, start_sample: int = 0) -> None:
@@ -116,10 +117,16 @@ class AudioBuffer:
     def slice(self, start: int, end: int) -> Samples:
         """A copy of samples [start, end) in absolute indices; both must lie inside the kept
         audio."""
+        return self.view(start, end).copy()
+
+    def view(self, start: int, end: int) -> Samples:
+        """Samples [start, end) as a read-only view (see the class docstring)."""
         if start < self._offset or end > self.end_sample or start > end:
             raise ValueError(f"slice [{start}, {end}) outside [{self._offset}, {self.end_sample})")
         first = self._head + start - self._offset
-        return self._data[first : first + end - start].copy()
+        view = self._data[first : first + end - start]
+        view.flags.writeable = False
+        return view
 
     def discard_before(self, sample: int) -> None:
         """Forget audio before `sample` (no decode will need it again)."""

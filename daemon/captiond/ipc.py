@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from captiond import SAMPLE_RATE_HZ
+from captiond.audio import AudioBuffer
 from captiond.engines import EngineInfo, EngineRequest, EngineResult
 
 _LENGTH = struct.Struct("!I")
@@ -122,47 +123,25 @@ class AudioSpan:
 
 class AudioCopy:
     """The engine process's copy of one stream's newest audio (event-loop thread of the main
-    process): appended in place, compacted when its array is full."""
+    process): an `AudioBuffer` that follows `span`."""
 
     def __init__(self) -> None:
         self.span = AudioSpan()
-        self._data = np.zeros(0, np.float32)
-        self._fill = 0  # self._data[:self._fill] ends at span.end; its newest part is held
+        self._buffer = AudioBuffer()
 
     def put(self, from_sample: int, samples: npt.NDArray[np.float32]) -> None:
         if not samples.size:
             return
         if from_sample != self.span.end:
-            # A new stretch replaces what was held, in a new array: windows handed out are
-            # views of the old one (see `window`).
-            self._data, self._fill = np.zeros(0, np.float32), 0
+            # A new stretch replaces what was held, in a new buffer: windows handed out are
+            # views of the old one.
+            self._buffer = AudioBuffer(from_sample)
         self.span.advance(from_sample, from_sample + len(samples))
-        held = self.span.end - self.span.start
-        samples = samples[len(samples) - min(len(samples), held) :]
-        old = held - len(samples)  # earlier samples still held: the newest of self._data
-        if self._fill + len(samples) > len(self._data):
-            # Move what is held to the front of an array with room to grow (amortised).
-            grown = np.empty(2 * held, np.float32)
-            grown[:old] = self._data[self._fill - old : self._fill]
-            self._data, self._fill = grown, old
-        self._data[self._fill : self._fill + len(samples)] = samples
-        self._fill += len(samples)
-
-    @property
-    def _offset(self) -> int:
-        """The stream sample at self._data[0]."""
-        return self.span.end - self._fill
+        self._buffer.append(samples)
+        self._buffer.discard_before(self.span.start)
 
     def window(self, start_sample: int, end_sample: int) -> npt.NDArray[np.float32]:
-        """Samples [start, end), a read-only view: the engine thread reads it while this keeps
-        taking audio, which is safe because an array is only ever written past its fill (a
-        full or replaced array is swapped for a new one, never overwritten). Copying every
-        decode window here cost a 30-s copy per decode on the event-loop thread."""
-        if start_sample < self.span.start or end_sample > self.span.end:
-            raise ValueError(
-                f"window [{start_sample}, {end_sample}) outside the copy "
-                f"[{self.span.start}, {self.span.end})"
-            )
-        view = self._data[start_sample - self._offset : end_sample - self._offset]
-        view.flags.writeable = False
-        return view
+        """Samples [start, end), a read-only view that stays valid while this keeps taking
+        audio (the engine thread reads it meanwhile). Copying every decode window here cost a
+        30-s copy per decode on the event-loop thread."""
+        return self._buffer.view(start_sample, end_sample)
