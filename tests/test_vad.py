@@ -64,8 +64,8 @@ def silent_frame() -> Samples:
     return np.zeros(FRAME_SAMPLES, dtype=np.float32)
 
 
-def segmenter(vad: Any, **stream: Any) -> VadSegmenter:
-    return VadSegmenter(vad, VadConfig(), StreamConfig(**stream))
+def segmenter(vad: Any, vad_config: VadConfig | None = None, **stream: Any) -> VadSegmenter:
+    return VadSegmenter(vad, vad_config or VadConfig(), StreamConfig(**stream))
 
 
 def feed(seg: VadSegmenter, frames: Sequence[Samples]) -> list[tuple[int, VadEvent]]:
@@ -134,6 +134,20 @@ def test_end_after_endpoint_silence() -> None:
         (len(script) - 1, UtteranceEnd(end_sample=len(script) * FRAME_SAMPLES)),
     ]
     assert not seg.in_utterance
+
+
+def test_a_long_utterance_ends_at_a_shorter_pause() -> None:
+    # long_utterance_s 1.5 s (50 frames), long endpoint 240 ms (8 frames). The same 8-frame
+    # pause does not end the utterance at 1 s (frames 30..37) and does at 2 s (frames 60..67).
+    pause = [False] * 8
+    script = [True] * 30 + pause + [True] * 22 + pause + [True] * 5
+    config = VadConfig(long_utterance_s=1.5, long_endpoint_silence_ms=240)
+    seg = segmenter(ScriptedVad(script), config)
+    events = feed(seg, [tone_frame()] * len(script))
+    assert events == [
+        (8, UtteranceStart(start_sample=0)),
+        (67, UtteranceEnd(end_sample=68 * FRAME_SAMPLES)),
+    ]
 
 
 def test_end_by_digital_silence() -> None:

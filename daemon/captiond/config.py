@@ -62,6 +62,11 @@ class VadConfig:
     start_voiced_ratio: float = 0.9
     preroll_ms: int = 300
     endpoint_silence_ms: int = 500
+    # Once an utterance is this long, a shorter pause ends it: a reader's or lecturer's
+    # sentences rarely leave 500 ms, and without this every utterance ran to the cap, was cut
+    # and decoded 20 s of new speech at once (LJ reading: final p50 2.0 s).
+    long_utterance_s: float = 8.0
+    long_endpoint_silence_ms: int = 240
     # Frames quieter than this never count as speech (digital silence, hiss).
     rms_floor_dbfs: float = -55.0
 

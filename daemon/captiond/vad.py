@@ -56,8 +56,10 @@ class VadSegmenter:
 
     Start: at least `start_voiced_ratio` of the last `start_window_ms` voiced; the utterance
     begins `preroll_ms` before that window (never before the previous utterance's end).
-    End: `endpoint_silence_ms` of unvoiced frames; the utterance keeps that trailing silence,
-    which Whisper decodes better than a hard cut. Cap: at `max_utterance_s` the utterance is cut
+    End: `endpoint_silence_ms` of unvoiced frames, or `long_endpoint_silence_ms` once the
+    utterance is `long_utterance_s` long (continuous speech is better ended at a short pause
+    than cut at the cap); the utterance keeps that trailing silence, which Whisper decodes
+    better than a hard cut. Cap: at `max_utterance_s` the utterance is cut
     at the quietest frame of the last `cut_search_s`, so no word is split and every decode fits
     one 30 s Whisper window.
     """
@@ -75,6 +77,8 @@ class VadSegmenter:
         self._start_voiced = int(np.ceil(vad_config.start_voiced_ratio * self._window_frames))
         self._preroll_samples = ms_to_samples(vad_config.preroll_ms)
         self._endpoint_frames = max(1, vad_config.endpoint_silence_ms // FRAME_MS)
+        self._long_samples = ms_to_samples(vad_config.long_utterance_s * 1000)
+        self._long_endpoint_frames = max(1, vad_config.long_endpoint_silence_ms // FRAME_MS)
         self._max_samples = ms_to_samples(stream_config.max_utterance_s * 1000)
         self._cut_search_frames = max(1, int(stream_config.cut_search_s * 1000) // FRAME_MS)
         self._window: deque[bool] = deque(maxlen=self._window_frames)
@@ -114,9 +118,15 @@ class VadSegmenter:
             return
         self._recent.append((frame_start, level_dbfs))
         self._silent_frames = 0 if voiced else self._silent_frames + 1
-        if self._silent_frames >= self._endpoint_frames:
+        length_samples = frame_end - self._start_sample
+        endpoint_frames = (
+            self._long_endpoint_frames
+            if length_samples >= self._long_samples
+            else self._endpoint_frames
+        )
+        if self._silent_frames >= endpoint_frames:
             yield self._close(frame_end)
-        elif frame_end - self._start_sample >= self._max_samples:
+        elif length_samples >= self._max_samples:
             cut = self._quietest_cut()
             yield self._close(cut)
             self._open(cut)
