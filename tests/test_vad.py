@@ -138,7 +138,8 @@ def test_end_after_endpoint_silence() -> None:
 
 def test_a_long_utterance_ends_at_a_shorter_pause() -> None:
     # long_utterance_s 1.5 s (50 frames), long endpoint 240 ms (8 frames). The same 8-frame
-    # pause does not end the utterance at 1 s (frames 30..37) and does at 2 s (frames 60..67).
+    # pause does not end the utterance after 0.9 s (frames 30..37) and does after 1.8 s (frames
+    # 60..67).
     pause = [False] * 8
     script = [True] * 30 + pause + [True] * 22 + pause + [True] * 5
     config = VadConfig(long_utterance_s=1.5, long_endpoint_silence_ms=240)

@@ -17,11 +17,11 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-SAMPLE_RATE_HZ = 16_000
+from captiond import SAMPLE_RATE_HZ
+from captiond.engines import HOP_SAMPLES, N_FRAMES
+
 N_FFT = 400
-HOP_SAMPLES = 160
-WINDOW_SAMPLES = 30 * SAMPLE_RATE_HZ
-N_FRAMES = WINDOW_SAMPLES // HOP_SAMPLES  # 3000 frames = 30 s
+WINDOW_SAMPLES = N_FRAMES * HOP_SAMPLES  # 30 s
 _TAIL_PAD_SAMPLES = 160  # faster-whisper's `padding=160`
 _CENTRE_PAD_SAMPLES = N_FFT // 2
 # Longest centred signal: 30 s + tail pad + both centring pads; its STFT has N_FRAMES + 2 frames.
