@@ -468,6 +468,26 @@ def test_plausible_finals_are_kept(result: EngineResult) -> None:
     assert [f.text for f in driver.of(Final)] == ["hello"]
 
 
+@pytest.mark.parametrize(
+    ("speech_s", "avg_logprob", "kept"),
+    [
+        # 2.4 s of speech and the 0.48-s endpoint silence: under sparse_min_s (3 s). The 0.3-s
+        # pre-roll before the speech does not count, or two slow words would be "sparse".
+        (2.4, -1.3, True),
+        (4.0, -1.3, False),  # two unsure words over 4.5 s: music or clatter
+        (4.0, -0.2, True),  # ... unless Whisper is sure of them
+    ],
+)
+def test_few_unsure_words_over_long_audio_are_dropped(
+    speech_s: float, avg_logprob: float, kept: bool
+) -> None:
+    two_words = EngineResult(text="ألديك قلم", avg_logprob=avg_logprob, no_speech_prob=0.1)
+    driver = Driver(scripted({DecodeKind.FINAL: two_words}), partials=False)
+    driver.send(np.concatenate([silence(1.0), tone(speech_s), silence(1.0)]))
+    driver.control(Control.END)
+    assert [f.text for f in driver.of(Final)] == (["ألديك قلم"] if kept else [])
+
+
 def test_final_text_is_stripped() -> None:
     driver = Driver(
         scripted({DecodeKind.FINAL: EngineResult(text="  hi there \n")}), partials=False

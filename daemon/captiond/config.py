@@ -111,8 +111,9 @@ class StreamConfig:
     logprob_threshold: float = -1.0
     compression_ratio_threshold: float = 2.4
     # Our extra filter for what webrtcvad lets through (music, clatter): a decode of at least
-    # `sparse_min_s` of audio with fewer than `sparse_words_per_s` words per second is dropped
-    # unless Whisper is confident in it (avg log-prob at least `sparse_logprob_threshold`).
+    # `sparse_min_s` of audio from the utterance's first voiced frame (the pre-roll does not
+    # count) with fewer than `sparse_words_per_s` words per second is dropped unless Whisper is
+    # confident in it (avg log-prob at least `sparse_logprob_threshold`).
     sparse_min_s: float = 3.0
     sparse_words_per_s: float = 1.0
     sparse_logprob_threshold: float = -0.5

@@ -88,6 +88,7 @@ class DecodeRequest:
 
     utterance: int
     start_sample: int
+    speech_start_sample: int  # the utterance's first voiced frame, after its pre-roll
     end_sample: int
     stable_words: tuple[str, ...]
     forced_words: tuple[str, ...]
@@ -102,6 +103,7 @@ class DecodeRequest:
 class _Utterance:
     index: int  # internal, per session; segment numbers are given when first shown
     start_sample: int
+    speech_start_sample: int
     end_sample: int | None = None
     segment: int | None = None
     rev: int = 0
@@ -309,6 +311,7 @@ class StreamSession:
                 self._open = _Utterance(
                     index=next(self._utterances),
                     start_sample=event.start_sample,
+                    speech_start_sample=event.speech_sample,
                     agreement=LocalAgreement(self._stream.stable_hold_back_words),
                     language=None if auto else self._params.language,
                 )
@@ -356,6 +359,7 @@ class StreamSession:
         return DecodeRequest(
             utterance=utt.index,
             start_sample=utt.start_sample,
+            speech_start_sample=utt.speech_start_sample,
             end_sample=end,
             stable_words=stable,
             forced_words=forced,
@@ -384,7 +388,9 @@ class StreamSession:
             result.no_speech_prob > cfg.no_speech_threshold
             and result.avg_logprob < cfg.logprob_threshold
         )
-        duration_s = (request.end_sample - request.start_sample) / SAMPLE_RATE_HZ
+        # From the first voiced frame: the pre-roll would make a short, slow phrase (two Arabic
+        # words in 2.2 s) look like long sparse noise.
+        duration_s = (request.end_sample - request.speech_start_sample) / SAMPLE_RATE_HZ
         # Partials are judged without the minimum duration: a wrong partial only delays text,
         # while a ghost partial over music would show captions where there are none.
         long_enough = request.kind is DecodeKind.PARTIAL or duration_s >= cfg.sparse_min_s

@@ -18,6 +18,8 @@ from captiond.audio import FRAME_SAMPLES, Samples, ms_to_samples, to_int16_bytes
 from captiond.config import StreamConfig, VadConfig
 
 FRAME_MS = FRAME_SAMPLES * 1000 // SAMPLE_RATE_HZ
+# How far before the start window an onset is looked for (see VadSegmenter).
+_ONSET_LOOKBACK_MS = 1_000
 
 
 class Vad(Protocol):
@@ -35,7 +37,8 @@ def webrtc_vad(aggressiveness: int) -> Vad:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UtteranceStart:
-    start_sample: int
+    start_sample: int  # with the pre-roll
+    speech_sample: int  # the first voiced frame (at or after start_sample)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,8 +57,11 @@ def rms_dbfs(frame: Samples) -> float:
 class VadSegmenter:
     """Turns frames into utterances.
 
-    Start: at least `start_voiced_ratio` of the last `start_window_ms` voiced; the utterance
-    begins `preroll_ms` before that window (never before the previous utterance's end).
+    Start: at least `start_voiced_ratio` of the last `start_window_ms` voiced. The speech began
+    at the first voiced frame since the window last held none (at most 1 s earlier): a quiet
+    speaker's first word has frames under the RMS floor and fills the window late ("Türkiye"
+    was lost). The utterance begins `preroll_ms` before that frame or the window's start,
+    whichever is earlier (never before the previous utterance's end).
     End: `endpoint_silence_ms` of unvoiced frames, or `long_endpoint_silence_ms` once the
     utterance is `long_utterance_s` long (continuous speech is better ended at a short pause
     than cut at the cap); the utterance keeps that trailing silence, which Whisper decodes
@@ -85,6 +91,9 @@ class VadSegmenter:
         self._next_frame_sample = start_sample
         self._last_end_sample = start_sample
         self._start_sample: int | None = None
+        # The first voiced frame since the start window last held none (no utterance open).
+        self._onset_sample: int | None = None
+        self._lookback_samples = ms_to_samples(_ONSET_LOOKBACK_MS)
         self._silent_frames = 0
         # (frame start sample, dBFS) of the open utterance's recent frames, for the cap's cut.
         self._recent: deque[tuple[int, float]] = deque(maxlen=self._cut_search_frames)
@@ -110,11 +119,23 @@ class VadSegmenter:
         voiced = webrtc_voiced and level_dbfs >= self._floor_dbfs
         if self._start_sample is None:
             self._window.append(voiced)
+            if not any(self._window):
+                self._onset_sample = None
+            elif voiced and self._onset_sample is None:
+                self._onset_sample = frame_start
             if sum(self._window) >= self._start_voiced:
                 window_start = frame_end - len(self._window) * FRAME_SAMPLES
-                start = max(window_start - self._preroll_samples, self._last_end_sample)
+                assert self._onset_sample is not None  # the window holds a voiced frame
+                speech = max(
+                    self._onset_sample,
+                    window_start - self._lookback_samples,
+                    self._last_end_sample,
+                )
+                start = max(
+                    min(speech, window_start) - self._preroll_samples, self._last_end_sample
+                )
                 self._open(start)
-                yield UtteranceStart(start_sample=start)
+                yield UtteranceStart(start_sample=start, speech_sample=speech)
             return
         self._recent.append((frame_start, level_dbfs))
         self._silent_frames = 0 if voiced else self._silent_frames + 1
@@ -130,7 +151,7 @@ class VadSegmenter:
             cut = self._quietest_cut()
             yield self._close(cut)
             self._open(cut)
-            yield UtteranceStart(start_sample=cut)
+            yield UtteranceStart(start_sample=cut, speech_sample=cut)
 
     def flush(self, end_sample: int) -> Iterator[VadEvent]:
         """Close the open utterance at `end_sample` (finalize, or end of stream)."""
@@ -146,6 +167,7 @@ class VadSegmenter:
         self._start_sample = None
         self._last_end_sample = end_sample
         self._window.clear()
+        self._onset_sample = None
         return UtteranceEnd(end_sample=end_sample)
 
     def _quietest_cut(self) -> int:
