@@ -311,7 +311,7 @@ class StreamSession:
                 self._open = _Utterance(
                     index=next(self._utterances),
                     start_sample=event.start_sample,
-                    speech_start_sample=event.speech_sample,
+                    speech_start_sample=event.speech_start_sample,
                     agreement=LocalAgreement(self._stream.stable_hold_back_words),
                     language=None if auto else self._params.language,
                 )

@@ -38,7 +38,7 @@ def webrtc_vad(aggressiveness: int) -> Vad:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UtteranceStart:
     start_sample: int  # with the pre-roll
-    speech_sample: int  # the first voiced frame (at or after start_sample)
+    speech_start_sample: int  # the first voiced frame (at or after start_sample)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,7 +135,7 @@ class VadSegmenter:
                     min(speech, window_start) - self._preroll_samples, self._last_end_sample
                 )
                 self._open(start)
-                yield UtteranceStart(start_sample=start, speech_sample=speech)
+                yield UtteranceStart(start_sample=start, speech_start_sample=speech)
             return
         self._recent.append((frame_start, level_dbfs))
         self._silent_frames = 0 if voiced else self._silent_frames + 1
@@ -151,7 +151,7 @@ class VadSegmenter:
             cut = self._quietest_cut()
             yield self._close(cut)
             self._open(cut)
-            yield UtteranceStart(start_sample=cut, speech_sample=cut)
+            yield UtteranceStart(start_sample=cut, speech_start_sample=cut)
 
     def flush(self, end_sample: int) -> Iterator[VadEvent]:
         """Close the open utterance at `end_sample` (finalize, or end of stream)."""
