@@ -71,7 +71,7 @@ def vad_spans(samples: np.ndarray) -> list[tuple[int, int]]:
 
     config = Config()
     segmenter = VadSegmenter(webrtc_vad(config.vad.aggressiveness), config.vad, config.stream)
-    events = [e for frame in Framer().push(samples) for e in segmenter.push(frame)]
+    events = list(segmenter.push(Framer().push(samples)))
     events.extend(segmenter.flush(len(samples)))
     spans: list[tuple[int, int]] = []
     start: int | None = None

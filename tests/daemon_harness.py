@@ -26,7 +26,7 @@ from captiond.engines.fake import FakeEngine
 from captiond.scheduler import InferenceScheduler
 from captiond.server import Daemon
 from captiond.sources import AudioInput, microphone
-from captiond.vad import Vad, rms_dbfs
+from captiond.vad import Vad, levels_dbfs
 from captiond.workers import WorkerPool
 
 RATE = 16_000
@@ -37,7 +37,7 @@ class LoudnessVad:
 
     def is_speech(self, buf: bytes, sample_rate: int) -> bool:
         frame = np.frombuffer(buf, dtype="<i2").astype(np.float32) / 32768
-        return rms_dbfs(frame) > -40.0
+        return bool(levels_dbfs(frame)[0] > -40.0)
 
 
 def tone_bursts(bursts_s: list[float], gap_s: float = 1.0) -> np.ndarray:

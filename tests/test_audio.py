@@ -98,7 +98,9 @@ def test_framer_any_split_gives_the_frames_of_the_concatenation(
     framer = Framer()
     frames: list[Samples] = []
     for lo, hi in itertools.pairwise(bounds):
-        frames.extend(f.copy() for f in framer.push(data[lo:hi]))
+        out = framer.push(data[lo:hi])
+        assert len(out) % FRAME_SAMPLES == 0
+        frames.extend(out.reshape(-1, FRAME_SAMPLES).copy())
     whole = total // FRAME_SAMPLES
     assert len(frames) == whole
     for i, frame in enumerate(frames):
@@ -107,18 +109,17 @@ def test_framer_any_split_gives_the_frames_of_the_concatenation(
     assert framer.pending_samples == total % FRAME_SAMPLES
     # The remainder is kept: completing it yields exactly the next frame.
     rest = FRAME_SAMPLES - framer.pending_samples
-    nxt = list(framer.push(_ramp(rest, start=total)))
-    assert len(nxt) == 1
-    np.testing.assert_array_equal(nxt[0], _ramp(FRAME_SAMPLES, start=whole * FRAME_SAMPLES))
+    nxt = framer.push(_ramp(rest, start=total))
+    np.testing.assert_array_equal(nxt, _ramp(FRAME_SAMPLES, start=whole * FRAME_SAMPLES))
     assert framer.pending_samples == 0
 
 
 def test_framer_keeps_remainder_independent_of_caller_buffer() -> None:
     framer = Framer()
     chunk = _ramp(500)
-    assert len(list(framer.push(chunk))) == 1
+    assert len(framer.push(chunk)) == FRAME_SAMPLES
     chunk[:] = -1.0  # the caller reuses its buffer
-    (frame,) = framer.push(_ramp(460, start=500))
+    frame = framer.push(_ramp(460, start=500))
     np.testing.assert_array_equal(frame, _ramp(FRAME_SAMPLES, start=480))
 
 
@@ -153,30 +154,30 @@ def _check_audio_buffer(ops: list[tuple[str, int, int]]) -> None:
             kept_start = min(max(kept_start, a), end)
         elif a < kept_start or a + b > end:
             with pytest.raises(ValueError):
-                buffer.slice(a, a + b)
+                buffer.view(a, a + b)
         else:
-            np.testing.assert_array_equal(buffer.slice(a, a + b), _ramp(b, a))
+            np.testing.assert_array_equal(buffer.view(a, a + b), _ramp(b, a))
         assert buffer.end_sample == end
         assert buffer.start_sample == kept_start
-    tail = buffer.slice(kept_start, end)
+    tail = buffer.view(kept_start, end)
     np.testing.assert_array_equal(tail, _ramp(end - kept_start, kept_start))
 
 
-def test_audio_buffer_discard_keeps_later_slices() -> None:
+def test_audio_buffer_discard_keeps_later_views() -> None:
     buffer = AudioBuffer()
     for k in range(5):
         buffer.append(_ramp(1000, start=k * 1000))
     buffer.discard_before(2500)
     assert buffer.start_sample == 2500
-    np.testing.assert_array_equal(buffer.slice(2500, 4100), _ramp(1600, 2500))
+    np.testing.assert_array_equal(buffer.view(2500, 4100), _ramp(1600, 2500))
     with pytest.raises(ValueError):
-        buffer.slice(2499, 3000)
+        buffer.view(2499, 3000)
     with pytest.raises(ValueError):
-        buffer.slice(4000, 5001)
+        buffer.view(4000, 5001)
     with pytest.raises(ValueError):
-        buffer.slice(3000, 2999)
+        buffer.view(3000, 2999)
     buffer.append(_ramp(10, start=5000))
-    np.testing.assert_array_equal(buffer.slice(4990, 5010), _ramp(20, 4990))
+    np.testing.assert_array_equal(buffer.view(4990, 5010), _ramp(20, 4990))
     # Discarding never moves backwards.
     buffer.discard_before(100)
     assert buffer.start_sample == 2500
@@ -192,17 +193,23 @@ def test_audio_buffer_memory_follows_what_is_kept() -> None:
         buffer.discard_before(buffer.end_sample - keep)
     assert buffer.start_sample == buffer.end_sample - keep
     np.testing.assert_array_equal(
-        buffer.slice(buffer.start_sample, buffer.end_sample), _ramp(keep, buffer.start_sample)
+        buffer.view(buffer.start_sample, buffer.end_sample), _ramp(keep, buffer.start_sample)
     )
     assert buffer._data.size <= 2 * (keep + chunk)
 
 
-def test_audio_buffer_slice_is_a_copy() -> None:
+def test_audio_buffer_view_is_read_only_and_outlives_appends_and_discards() -> None:
+    """A decode window is a view that the engine thread reads while the event loop keeps
+    appending and discarding: it must keep its samples, and nobody may write through it."""
     buffer = AudioBuffer()
-    buffer.append(_ramp(10))
-    piece = buffer.slice(0, 10)
-    piece[:] = -1
-    np.testing.assert_array_equal(buffer.slice(0, 10), _ramp(10))
+    buffer.append(_ramp(1_000))
+    window = buffer.view(200, 1_000)
+    with pytest.raises(ValueError):
+        window[0] = -1.0
+    for k in range(1, 200):  # grows the array many times and moves the kept audio
+        buffer.append(_ramp(1_000, start=k * 1_000))
+        buffer.discard_before(k * 1_000 - 500)
+    np.testing.assert_array_equal(window, _ramp(800, 200))
 
 
 # -- Resampler --------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from captiond.config import (
+    EVENT_LOOPS,
     AuthConfig,
     Config,
     EngineConfig,
@@ -237,6 +238,8 @@ def _section_strategy(cls: type[Any]) -> st.SearchStrategy[Any]:
             fields[f.name] = st.just(1)
         elif f.name == "allowed_origins":
             fields[f.name] = _origins
+        elif f.name == "event_loop":
+            fields[f.name] = st.sampled_from(EVENT_LOOPS)
         elif f.name in _NON_NEGATIVE:
             fields[f.name] = st.integers(min_value=0, max_value=2**62)
         elif f.name in _POSITIVE and isinstance(default, int):
@@ -327,6 +330,12 @@ def test_allowed_origins_round_trip(tmp_path: Path) -> None:
     config = load_config(_write(tmp_path, text))
     assert config.server.allowed_origins == ("https://app.example.com", "*")
     assert load_config(_write(tmp_path, dump_toml(config))) == config
+
+
+def test_event_loop_is_one_of_the_known() -> None:
+    assert EVENT_LOOPS == ("auto", "uvloop", "asyncio")
+    with pytest.raises(ConfigError, match=r"\[server\] event_loop must be one of auto"):
+        config_from_mapping({"server": {"event_loop": "trio"}})
 
 
 def test_workers_need_plain_ws() -> None:

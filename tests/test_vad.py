@@ -6,6 +6,7 @@ speech from the shared corpus.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import read_wav_int16, vad_spans
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from captiond.audio import FRAME_SAMPLES, Samples
 from captiond.config import StreamConfig, VadConfig
@@ -21,7 +24,7 @@ from captiond.vad import (
     UtteranceStart,
     VadEvent,
     VadSegmenter,
-    rms_dbfs,
+    levels_dbfs,
 )
 
 PREROLL = 300 * 16  # samples
@@ -54,6 +57,12 @@ class AlwaysVoiced:
         return True
 
 
+def level(frame: Samples) -> float:
+    """One frame's RMS level."""
+    (value,) = levels_dbfs(frame).tolist()
+    return float(value)
+
+
 def tone_frame(amplitude: float = 0.1) -> Samples:
     """A 500 Hz tone: exactly 15 periods per frame, so every frame has the same level."""
     t = np.arange(FRAME_SAMPLES) / 16_000
@@ -77,8 +86,8 @@ def feed(seg: VadSegmenter, frames: Sequence[Samples]) -> list[tuple[int, VadEve
 
 
 def test_tone_is_above_the_floor_and_silence_below() -> None:
-    assert rms_dbfs(tone_frame()) > VadConfig().rms_floor_dbfs + 20
-    assert rms_dbfs(silent_frame()) < VadConfig().rms_floor_dbfs
+    assert level(tone_frame()) > VadConfig().rms_floor_dbfs + 20
+    assert level(silent_frame()) < VadConfig().rms_floor_dbfs
 
 
 # -- start ------------------------------------------------------------------------------------
@@ -272,6 +281,38 @@ def test_every_capped_utterance_fits_the_cap() -> None:
 # -- RMS floor --------------------------------------------------------------------------------
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    runs=st.lists(st.tuples(st.booleans(), st.integers(min_value=1, max_value=40)), max_size=15),
+    cuts=st.lists(st.integers(min_value=0, max_value=600), max_size=20),
+)
+def test_a_chunk_of_frames_segments_as_its_frames_one_by_one(
+    runs: list[tuple[bool, int]], cuts: list[int]
+) -> None:
+    """The session pushes each chunk's whole frames at once: the same events as pushing them
+    one at a time. Runs of voiced and unvoiced frames, so that utterances open, end and hit
+    the cap; every eleventh frame is under the RMS floor."""
+    script = [voiced for voiced, length in runs for _ in range(length)]
+    frames = [
+        tone_frame(0.0005 if i % 11 == 0 else 0.02 if i % 3 == 0 else 0.1)
+        for i in range(len(script))
+    ]
+    one_by_one = segmenter(ScriptedVad(script), max_utterance_s=2.0, cut_search_s=0.5)
+    expected = [event for _, event in feed(one_by_one, frames)]
+    chunked = segmenter(ScriptedVad(script), max_utterance_s=2.0, cut_search_s=0.5)
+    bounds = [0, *sorted(c for c in cuts if c <= len(frames)), len(frames)]
+    events: list[VadEvent] = []
+    for lo, hi in itertools.pairwise(bounds):
+        block = np.concatenate(frames[lo:hi]) if hi > lo else np.zeros(0, np.float32)
+        events.extend(chunked.push(block))
+    assert events == expected
+
+
+def test_a_push_of_part_of_a_frame_is_refused() -> None:
+    with pytest.raises(ValueError, match="whole"):
+        list(segmenter(AlwaysVoiced()).push(tone_frame()[:100]))
+
+
 def test_digital_silence_never_starts_even_if_the_vad_says_voiced() -> None:
     vad = AlwaysVoiced()
     seg = segmenter(vad)
@@ -284,15 +325,17 @@ def test_digital_silence_never_starts_even_if_the_vad_says_voiced() -> None:
 def test_hiss_below_the_floor_never_starts() -> None:
     rng = np.random.default_rng(1)
     quiet = [(1e-4 * rng.standard_normal(FRAME_SAMPLES)).astype(np.float32) for _ in range(50)]
-    assert all(rms_dbfs(f) < VadConfig().rms_floor_dbfs for f in quiet)
+    assert all(level(f) < VadConfig().rms_floor_dbfs for f in quiet)
     assert feed(segmenter(AlwaysVoiced()), quiet) == []
 
 
-def test_rms_dbfs_values() -> None:
-    assert rms_dbfs(silent_frame()) == -200.0
+def test_levels_dbfs_values() -> None:
+    assert levels_dbfs(silent_frame()).tolist() == [-200.0]
     full = np.ones(FRAME_SAMPLES, dtype=np.float32)
-    assert rms_dbfs(full) == pytest.approx(0.0)
-    assert rms_dbfs(0.1 * full) == pytest.approx(-20.0)
+    assert levels_dbfs(full) == pytest.approx([0.0])
+    assert level(0.1 * full) == pytest.approx(-20.0)
+    two = np.concatenate([full, np.zeros(FRAME_SAMPLES, np.float32)])
+    assert levels_dbfs(two).tolist() == pytest.approx([0.0, -200.0])
 
 
 # -- real webrtcvad on real speech -------------------------------------------------------------
@@ -322,7 +365,7 @@ def test_webrtcvad_finds_the_speech_of_an_utterance(
     loud = [
         i
         for i in range(0, len(samples) - FRAME_SAMPLES + 1, FRAME_SAMPLES)
-        if rms_dbfs(samples[i : i + FRAME_SAMPLES]) > -40.0
+        if level(samples[i : i + FRAME_SAMPLES]) > -40.0
     ]
     assert len(loud) > 100
     inside = sum(covered[i : i + FRAME_SAMPLES].all() for i in loud)
@@ -352,7 +395,7 @@ def test_webrtcvad_keeps_the_first_words_after_a_quiet_lead_in(
     first_speech = next(
         i
         for i in range(0, len(samples) - FRAME_SAMPLES + 1, FRAME_SAMPLES)
-        if rms_dbfs(samples[i : i + FRAME_SAMPLES]) > -45.0
+        if level(samples[i : i + FRAME_SAMPLES]) > -45.0
     )
     assert 1.0 * 16_000 < first_speech < 1.3 * 16_000
     spans = vad_spans(samples)

@@ -22,6 +22,7 @@ from pathlib import Path
 from captiond.config import Config, config_from_mapping, dump_toml, load_config, override
 from captiond.engines import ENGINE_NAMES, Engine, load_engine
 from captiond.errors import CaptiondError, ConfigError
+from captiond.loop import run as run_loop
 
 log = logging.getLogger("captiond")
 
@@ -176,7 +177,7 @@ def _serve(args: argparse.Namespace) -> int:
         log.info("stopped")
 
     try:
-        asyncio.run(main())
+        run_loop(main(), config.server.event_loop)
     finally:
         notifier.close()
         scheduler.stop()

@@ -52,6 +52,9 @@ class ServerConfig:
     # process. 1: everything in one process (small machines). Session and per-IP limits are
     # split evenly over the workers.
     workers: int = 1
+    # The asyncio event loop of the daemon's processes (loop.py): "auto" (uvloop when it is
+    # installed, else asyncio's), "uvloop" or "asyncio".
+    event_loop: str = "auto"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -295,6 +298,7 @@ def _check_journal(journal: JournalConfig) -> None:
 # A detached session holds up to `context_s` of audio: a day is plenty for any dropped meeting.
 _MAX_RESUME_S = 86_400.0
 _MAX_WORKERS = 64
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 
 def _check_server(server: ServerConfig) -> None:
@@ -307,6 +311,8 @@ def _check_server(server: ServerConfig) -> None:
         raise ConfigError(f"[server] resume_s must be between 0 and {_MAX_RESUME_S:g}")
     if not 1 <= server.workers <= _MAX_WORKERS:
         raise ConfigError(f"[server] workers must be between 1 and {_MAX_WORKERS}")
+    if server.event_loop not in EVENT_LOOPS:
+        raise ConfigError(f"[server] event_loop must be one of {', '.join(EVENT_LOOPS)}")
     if server.workers > 1 and server.tls_cert:
         # The main process routes each connection by its request line (resume tokens, viewers),
         # which it cannot read inside TLS.

@@ -288,8 +288,7 @@ class StreamSession:
 
     def _push_samples(self, samples: Samples) -> None:
         self._buffer.append(samples)
-        for frame in self._framer.push(samples):
-            self._handle_vad(self._segmenter.push(frame))
+        self._handle_vad(self._segmenter.push(self._framer.push(samples)))
         self._trim_buffer()
 
     def _trim_buffer(self) -> None:
@@ -364,7 +363,7 @@ class StreamSession:
             stable_words=stable,
             forced_words=forced,
             engine_request=EngineRequest(
-                audio=self._buffer.slice(context.start_sample, end),
+                audio=self._buffer.view(context.start_sample, end),
                 kind=kind,
                 language=utt.language,
                 language_hint=self._language,

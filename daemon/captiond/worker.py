@@ -20,8 +20,9 @@ import sys
 import tomllib
 from collections.abc import Callable, Sequence
 
-from captiond.config import config_from_mapping
+from captiond.config import Config, config_from_mapping
 from captiond.logs import configure_logging
+from captiond.loop import run as run_loop
 from captiond.remote import EngineClient
 from captiond.routing import WorkerSlot
 from captiond.server import Daemon
@@ -54,8 +55,7 @@ def _vad_factory(spec: str | None) -> Callable[[], Vad] | None:
     return factory
 
 
-async def _serve(args: argparse.Namespace, config_text: str) -> None:
-    config = config_from_mapping(tomllib.loads(config_text))
+async def _serve(args: argparse.Namespace, config: Config) -> None:
     slot = WorkerSlot(args.index, args.count)
     link = socket.socket(fileno=args.link_fd)
     ctrl = socket.socket(fileno=args.ctrl_fd)
@@ -114,8 +114,8 @@ async def _report(daemon: Daemon, decoder: EngineClient) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure_logging(args.log_level)
-    config_text = sys.stdin.read()
-    asyncio.run(_serve(args, config_text))
+    config = config_from_mapping(tomllib.loads(sys.stdin.read()))
+    run_loop(_serve(args, config), config.server.event_loop)
     return 0
 
 

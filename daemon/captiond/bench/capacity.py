@@ -19,7 +19,6 @@ holds. Two failed levels in a row end the sweep.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import time
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from captiond.bench.report import (
     write_json,
 )
 from captiond.errors import ConfigError
+from captiond.loop import run as run_loop
 from captiond.models import resolve_model
 from captiond.scheduler import InferenceScheduler
 
@@ -272,9 +272,9 @@ def _bench_capacity(args: argparse.Namespace) -> int:
     raise_fd_limit()
     env = common.prepare(args)
     audio = [loop_audio(c.samples, args.duration_s) for c in env.clips]
-    results = {"captiond": asyncio.run(_ours(args, env, audio))}
+    results = {"captiond": run_loop(_ours(args, env, audio), env.config.server.event_loop)}
     if args.peer:
-        results["whisperlive"] = asyncio.run(_peer(args, audio))
+        results["whisperlive"] = run_loop(_peer(args, audio), env.config.server.event_loop)
     gpu, gpu_note = gpu_facts()
     data = common.header(args, env, "capacity") | {
         "bounds_ms": {

@@ -30,6 +30,7 @@ import numpy.typing as npt
 from captiond.bench.metrics import Trace
 from captiond.bench.pacing import stream_native
 from captiond.bench.peer_whisperlive import stream_whisperlive
+from captiond.loop import run as run_loop
 
 PROTOCOLS = ("native", "whisperlive")
 # After its audio a stream has this long to finish: far beyond any latency bound, so only a
@@ -143,7 +144,7 @@ def _child_main(conn: Connection) -> None:
         raise_fd_limit()
         conn.send(("ready", os.getpid()))
         start_epoch_s: float = conn.recv()
-        conn.send(("done", asyncio.run(run_streams(plan, start_epoch_s))))
+        conn.send(("done", run_loop(run_streams(plan, start_epoch_s))))
     except (EOFError, KeyboardInterrupt):
         return  # the bench gave up on this level, or is gone (Ctrl-C reaches us too)
     except Exception as exc:

@@ -20,7 +20,6 @@ cost of identification: detected against whole-file given.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 from collections import Counter, defaultdict
 from typing import Any
@@ -31,6 +30,7 @@ from captiond.bench.pacing import stream_native
 from captiond.bench.report import Progress, write_json
 from captiond.bench.wer import CHARACTER_LANGUAGES, WerCounts, language_errors
 from captiond.engines import resolve_engine_config
+from captiond.loop import run as run_loop
 from captiond.models import resolve_model
 
 _ZERO = WerCounts(substitutions=0, deletions=0, insertions=0, reference_words=0)
@@ -114,7 +114,7 @@ def _bench_languages(args: argparse.Namespace) -> int:
     env = common.prepare(args)
     languages = _languages(env.manifest)
     whole, whole_auto = _whole_file(env, languages)
-    traces, given = asyncio.run(_stream_all(args, env, languages))
+    traces, given = run_loop(_stream_all(args, env, languages), env.config.server.event_loop)
     clips: dict[str, Any] = {}
     groups: defaultdict[str, dict[str, Any]] = defaultdict(
         lambda: {"clips": 0, "lid_clips": 0, "lid_correct": 0, "confusions": [], "flaps": 0}

@@ -199,7 +199,7 @@ async def stream_whisperlive(
             receiver = asyncio.create_task(receive())
             try:
                 last_message_s[0] = time.monotonic()
-                await send_paced(samples, speed, lambda chunk: conn.send(chunk.tobytes()), trace)
+                await send_paced(samples.tobytes(), 4, speed, conn.send, trace)
                 # Let it finish: until nothing is pending and it has been quiet for `settle_s`.
                 deadline = time.monotonic() + tail_s
                 while time.monotonic() < deadline and (

@@ -12,7 +12,6 @@ clips are streamed to WhisperLive at the same pace, one clip at a time, after ou
 from __future__ import annotations
 
 import argparse
-import asyncio
 import time
 from typing import Any
 
@@ -35,6 +34,7 @@ from captiond.bench.peer_whisperlive import stream_whisperlive, whisperlive_serv
 from captiond.bench.report import Progress, plot_cdfs, print_table, write_json
 from captiond.bench.wer import WerCounts, align, normalize, word_errors
 from captiond.engines import resolve_engine_config
+from captiond.loop import run as run_loop
 from captiond.models import resolve_model
 from captiond.offline import transcribe_samples
 
@@ -169,9 +169,11 @@ def _bench_stream(args: argparse.Namespace) -> int:
         env.offline[clip.id] = transcribe_samples(clip.samples, env.engine, env.config).text
         env.offline_rtf[clip.id] = (time.monotonic() - started) / clip.duration_s
     whole = _whole_file(env) if args.whole_file else None
-    results: dict[str, Any] = {"captiond": asyncio.run(_run_ours(args, env))}
+    results: dict[str, Any] = {
+        "captiond": run_loop(_run_ours(args, env), env.config.server.event_loop)
+    }
     if args.peer:
-        results["whisperlive"] = asyncio.run(_run_peer(args, env))
+        results["whisperlive"] = run_loop(_run_peer(args, env), env.config.server.event_loop)
     series: dict[str, list[float]] = {}
     for name, res in results.items():
         runs = res.pop("_runs")
