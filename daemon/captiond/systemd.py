@@ -107,7 +107,6 @@ async def supervise(daemon: Supervised, notifier: Notifier, stop: asyncio.Event)
 # -- units -----------------------------------------------------------------------------------
 
 DEFAULT_EXEC = "/usr/local/bin/captiond"
-UNIT_KINDS = ("system", "user", "template")
 UNIT_FILES = {
     "system": "captiond.service",
     "user": "captiond-user.service",

@@ -21,7 +21,6 @@ WORD_SAMPLES = 4_000
 class FakeEngine:
     def __init__(self, *, delay_s: float = 0.0) -> None:
         self._delay_s = delay_s
-        self.batches: list[int] = []  # batch sizes seen, for scheduler tests
         self._phases = PhaseTimes()  # all of a fake's time is `decode`
 
     @property
@@ -51,7 +50,6 @@ class FakeEngine:
         """Nothing to release."""
 
     def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
-        self.batches.append(len(requests))
         with self._phases.phase("decode"):
             if self._delay_s:
                 time.sleep(self._delay_s)

@@ -56,10 +56,6 @@ class GatedEngine:
         self.gated = 0  # requests answered as no speech, for tests and stats
 
     @property
-    def inner(self) -> Engine:
-        return self._engine
-
-    @property
     def phases(self) -> PhaseTimes:
         """The inner engine's, with the gate's own time as `speech_gate`."""
         return self._engine.phases
