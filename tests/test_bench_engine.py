@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +22,11 @@ def test_bench_engine_cpu_smoke(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     add_engine_parser(parser.add_subparsers(dest="bench_command", required=True))
     out = tmp_path / "bench.json"
-    args = parser.parse_args(
-        ["engine", "--device", "cpu", "--batch", "1,2", "--steps", "2", "--out", str(out)]
-    )
+    argv = ["engine", "--device", "cpu", "--batch", "1,2", "--steps", "2", "--out", str(out)]
+    args = parser.parse_args([*argv, "--beside-python", "0.5"])
+    switch_interval_s = sys.getswitchinterval()
     assert args.func(args) == 0
+    assert sys.getswitchinterval() == switch_interval_s  # restored
     report = json.loads(out.read_text(encoding="utf-8"))
     assert set(report) == {"machine", "versions", "config", "engines"}
     assert {"platform", "cpu", "gpu"} <= set(report["machine"])
@@ -32,6 +34,7 @@ def test_bench_engine_cpu_smoke(tmp_path: Path) -> None:
         report["versions"]
     )
     assert report["config"]["batches"] == [1, 2] and report["config"]["steps"] == 2
+    assert report["config"]["beside_python"] == 0.5
     torch_graph = report["engines"]["torch_graph"]
     assert torch_graph["graphs"] is False and torch_graph["peak_host_rss_bytes"] > 0
     for batch in ("1", "2"):
@@ -40,6 +43,21 @@ def test_bench_engine_cpu_smoke(tmp_path: Path) -> None:
         assert row["audio_s_per_wall_s"] > 0
         fw_row = report["engines"]["faster-whisper"]["batches"][batch]
         assert fw_row["encoder_ms_per_window"] > 0 and fw_row["decode_us_per_token"] > 0
+        for timed in (row, fw_row):
+            # Python's default switch interval and the daemon's, in ms.
+            beside = timed["end_to_end_beside_python_s"]
+            assert set(beside) == {"5", "0.5"} and all(_positive_finite(s) for s in beside.values())
+
+
+@pytest.mark.parametrize("duty", ["0", "1", "1.5"])
+def test_bench_engine_beside_python_is_a_share(tmp_path: Path, duty: str) -> None:
+    parser = argparse.ArgumentParser()
+    add_engine_parser(parser.add_subparsers(dest="bench_command", required=True))
+    out = tmp_path / "bench.json"
+    args = parser.parse_args(["engine", "--beside-python", duty, "--out", str(out)])
+    with pytest.raises(SystemExit, match="share of the time"):
+        args.func(args)
+    assert not out.exists()
 
 
 def test_bench_engine_random_weights_skip_faster_whisper(tmp_path: Path) -> None:

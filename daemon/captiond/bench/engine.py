@@ -7,19 +7,27 @@ sizes; torch is imported only through the torch_graph package and the peer's mod
 
     captiond bench engine --engine torch_graph,faster-whisper --device cuda \
         --batch 1,8,32,128 [--random-weights large-v3] [--steps N] [--peer transformers] \
-        --out FILE.json
+        [--beside-python 0.9] --out FILE.json
+
+`--beside-python DUTY` also times each end-to-end batch while another thread runs Python DUTY
+of the time, as a busy event loop does beside the daemon's engine thread, at Python's default
+switch interval and at the daemon's (scheduler.ENGINE_SWITCH_INTERVAL_S): an engine that
+releases the GIL often (torch, around every operator) waits for it each time.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import importlib.util
 import json
 import platform
 import sys
+import threading
 import time
 import wave
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +36,17 @@ import numpy.typing as npt
 
 import captiond
 from captiond.models import model_display_name, resolve_model
+from captiond.scheduler import ENGINE_SWITCH_INTERVAL_S
 
 SAMPLE_RATE_HZ = 16_000
 SYNTHETIC_AUDIO_S = 10.0
 ENGINES = ("torch_graph", "faster-whisper")
 PEERS = ("transformers",)
+PYTHON_DEFAULT_SWITCH_INTERVAL_S = 0.005
+_LOAD_PERIOD_S = 0.010
+
+# Times a timed call (seconds) beside busy Python: seconds per switch interval in ms.
+Beside = Callable[[Callable[[], float]], dict[str, float]]
 
 
 def add_engine_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -60,6 +74,14 @@ def add_engine_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         action="store_true",
         help="torch_graph: torch.compile each bucket's decode step before capture "
         "([engine] compile_step)",
+    )
+    p.add_argument(
+        "--beside-python",
+        type=float,
+        default=None,
+        metavar="DUTY",
+        help="also time end to end while another thread runs Python this share (0-1) of the "
+        "time, at switch intervals of 5 ms (Python's default) and the daemon's",
     )
     p.add_argument("--out", type=Path, required=True, help="JSON file to write")
     p.set_defaults(func=_bench_engine)
@@ -111,8 +133,52 @@ def _timed_s(work: Any) -> float:
     return time.perf_counter() - started_s
 
 
+@contextlib.contextmanager
+def _python_load(duty: float) -> Iterator[None]:
+    """A thread that runs Python (holding the GIL) `duty` of every 10 ms and sleeps the rest."""
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.is_set():
+            busy_until_s = time.perf_counter() + duty * _LOAD_PERIOD_S
+            while time.perf_counter() < busy_until_s:
+                sum(range(200))
+            stop.wait((1 - duty) * _LOAD_PERIOD_S)
+
+    thread = threading.Thread(target=run, name="python-load", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def beside_python(duty: float) -> Beside:
+    """Time a call beside `_python_load(duty)` at Python's default switch interval and at the
+    daemon's engine setting; the interval in force before is restored."""
+
+    def measure(timed: Callable[[], float]) -> dict[str, float]:
+        seconds: dict[str, float] = {}
+        previous_s = sys.getswitchinterval()
+        try:
+            for interval_s in (PYTHON_DEFAULT_SWITCH_INTERVAL_S, ENGINE_SWITCH_INTERVAL_S):
+                sys.setswitchinterval(interval_s)
+                with _python_load(duty):
+                    seconds[f"{interval_s * 1e3:g}"] = timed()
+        finally:
+            sys.setswitchinterval(previous_s)
+        return seconds
+
+    return measure
+
+
 def _faster_whisper_batch(
-    model: Any, batch: int, steps: int, audio: npt.NDArray[np.float32]
+    model: Any,
+    batch: int,
+    steps: int,
+    audio: npt.NDArray[np.float32],
+    beside: Beside | None,
 ) -> dict[str, Any]:
     from faster_whisper.tokenizer import Tokenizer
 
@@ -146,7 +212,7 @@ def _faster_whisper_batch(
         results.extend(model.model.generate(model.encode(mel), [prompt] * batch))
 
     wall_s = _timed_s(end_to_end)
-    return {
+    row: dict[str, Any] = {
         "encoder_ms_per_window": encoder_s / batch * 1e3,
         "decode_us_per_step": decode_s / steps * 1e6,
         "decode_us_per_token": decode_s / steps / batch * 1e6,
@@ -154,17 +220,25 @@ def _faster_whisper_batch(
         "tokens_generated": sum(len(r.sequences_ids[0]) for r in results),
         "audio_s_per_wall_s": batch * audio.size / SAMPLE_RATE_HZ / wall_s,
     }
+    if beside is not None:
+        row["end_to_end_beside_python_s"] = beside(lambda: _timed_s(end_to_end))
+    return row
 
 
 def _faster_whisper(
-    model_path: Path, device: str, batches: list[int], steps: int, audio: npt.NDArray[np.float32]
+    model_path: Path,
+    device: str,
+    batches: list[int],
+    steps: int,
+    audio: npt.NDArray[np.float32],
+    beside: Beside | None,
 ) -> dict[str, Any]:
     """The same stages through CTranslate2; the decode runs exactly `steps` steps (EOT masked)."""
     from faster_whisper import WhisperModel
 
     compute_type = "float16" if device == "cuda" else "int8"
     model = WhisperModel(str(model_path), device=device, compute_type=compute_type)
-    per_batch = {str(b): _faster_whisper_batch(model, b, steps, audio) for b in batches}
+    per_batch = {str(b): _faster_whisper_batch(model, b, steps, audio, beside) for b in batches}
     return {
         "model": model_path.name,
         "device": device,
@@ -195,6 +269,10 @@ def run_engine_bench(args: argparse.Namespace) -> dict[str, Any]:
         )
     if peer and steps < 2:
         raise SystemExit("--peer times the decode step as a difference: --steps must be ≥ 2")
+    duty: float | None = args.beside_python
+    if duty is not None and not 0 < duty < 1:
+        raise SystemExit(f"--beside-python is a share of the time, above 0 and below 1: {duty}")
+    beside = None if duty is None else beside_python(duty)
     model_path = resolve_model(args.model)
     audio, audio_name = _load_audio(args.audio)
     report: dict[str, Any] = {
@@ -214,6 +292,7 @@ def run_engine_bench(args: argparse.Namespace) -> dict[str, Any]:
             "steps": steps,
             "random_weights": args.random_weights,
             "peer": peer,
+            "beside_python": duty,
             "model": model_display_name(model_path),
             "audio": audio_name,
             "audio_s": audio.size / SAMPLE_RATE_HZ,
@@ -226,12 +305,21 @@ def run_engine_bench(args: argparse.Namespace) -> dict[str, Any]:
 
             report["machine"]["gpu"] = bench.device_summary()["gpu"]
             report["engines"][name] = bench.measure(
-                model_path, device, batches, steps, audio, args.random_weights, args.compile_step
+                model_path,
+                device,
+                batches,
+                steps,
+                audio,
+                args.random_weights,
+                args.compile_step,
+                beside,
             )
         elif args.random_weights:
             report["engines"][name] = {"skipped": "faster-whisper cannot use random weights"}
         else:
-            report["engines"][name] = _faster_whisper(model_path, device, batches, steps, audio)
+            report["engines"][name] = _faster_whisper(
+                model_path, device, batches, steps, audio, beside
+            )
     if peer == "transformers":
         from captiond.bench import peer_transformers
 

@@ -55,7 +55,11 @@ def _step_us(engine: TorchGraphEngine, bucket: int, steps: int, graphed: bool) -
 
 
 def _measure_batch(
-    engine: TorchGraphEngine, batch: int, steps: int, audio: npt.NDArray[np.float32]
+    engine: TorchGraphEngine,
+    batch: int,
+    steps: int,
+    audio: npt.NDArray[np.float32],
+    beside: Callable[[Callable[[], float]], dict[str, float]] | None,
 ) -> dict[str, Any]:
     audios = [audio] * batch
     requests = [EngineRequest(audio=audio, kind=DecodeKind.FINAL)] * batch
@@ -82,6 +86,10 @@ def _measure_batch(
     row["end_to_end_s"] = wall_s
     row["tokens_generated"] = sum(len(r.tokens) for r in results)
     row["audio_s_per_wall_s"] = batch * audio.size / SAMPLE_RATE_HZ / wall_s
+    if beside is not None:
+        row["end_to_end_beside_python_s"] = beside(
+            lambda: timed_s(engine.device, lambda: engine.transcribe_batch(requests))
+        )
     return row
 
 
@@ -93,15 +101,17 @@ def measure(
     audio: npt.NDArray[np.float32],
     random_shape: str | None,
     compile_step: bool = False,
+    beside: Callable[[Callable[[], float]], dict[str, float]] | None = None,
 ) -> dict[str, Any]:
-    """Per batch size: ms per encoder window, µs per decode step and token, audio s per wall s."""
+    """Per batch size: ms per encoder window, µs per decode step and token, audio s per wall s,
+    and with `beside` (bench.engine.beside_python) the end-to-end seconds beside busy Python."""
     config = EngineConfig(name="torch_graph", device=device, compile_step=compile_step)
     engine = TorchGraphEngine(model_path, config, max_batch=max(batches), random_shape=random_shape)
     on_cuda = engine.device.type == "cuda"
     if on_cuda:
         torch.cuda.reset_peak_memory_stats()
     warmup_s = timed_s(engine.device, engine.warmup)
-    per_batch = {str(b): _measure_batch(engine, b, steps, audio) for b in batches}
+    per_batch = {str(b): _measure_batch(engine, b, steps, audio, beside) for b in batches}
     memory = (
         {"peak_device_memory_bytes": torch.cuda.max_memory_allocated()}
         if on_cuda
