@@ -1,5 +1,5 @@
-"""Decode context (context.py), the prompt budget (engines.fit_prompt) and unit probabilities
-(engines.unit_probabilities), without a model."""
+"""Decode context (context.py), the prompt budget (engines.fit_prompt), prompt tokens
+(engines.text_tokens) and unit probabilities (engines.unit_probabilities), without a model."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from captiond.context import CommittedFinal, TranscriptContext, tail_words
-from captiond.engines import PROMPT_BUDGET_TOKENS, fit_prompt, unit_probabilities
+from captiond.engines import (
+    PROMPT_BUDGET_TOKENS,
+    TEXT_TOKENS_CACHED,
+    fit_prompt,
+    text_tokens,
+    unit_probabilities,
+)
 from captiond.text import units
 
 RATE = 16_000
@@ -123,6 +129,25 @@ def test_a_prompt_that_would_overflow_keeps_its_newest_tokens() -> None:
 def test_small_prompts_are_kept_whole() -> None:
     assert fit_prompt([1, 2, 3], [4, 5]) == ([1, 2, 3], [4, 5])
     assert fit_prompt([], []) == ([], [])
+
+
+def test_prompt_texts_are_tokenized_with_a_leading_space_once_while_they_repeat() -> None:
+    encoded: list[str] = []
+
+    def encode(text: str) -> list[int]:
+        encoded.append(text)
+        return [ord(c) for c in text]
+
+    tokens = text_tokens(encode)
+    assert tokens("  hi there ") == tuple(ord(c) for c in " hi there")
+    assert tokens(" \n") == () and tokens("") == ()  # blank text has no tokens
+    for _ in range(3):  # a stream's partials repeat their previous text
+        assert tokens("  hi there ") == tuple(ord(c) for c in " hi there")
+    assert encoded == [" hi there"]
+    for k in range(TEXT_TOKENS_CACHED):  # older texts make way for newer ones
+        tokens(f"text {k}")
+    tokens("  hi there ")
+    assert encoded[-1] == " hi there" and len(encoded) == TEXT_TOKENS_CACHED + 2
 
 
 def test_a_prefix_over_the_budget_keeps_its_end_and_leaves_no_previous_text() -> None:

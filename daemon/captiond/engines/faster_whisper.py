@@ -27,6 +27,7 @@ from captiond.engines import (
     PhaseTimes,
     choose_language,
     fit_prompt,
+    text_tokens,
     unit_probabilities,
     window_frames,
 )
@@ -73,6 +74,11 @@ class FasterWhisperEngine:
         self._model_name = model_display_name(model_path)
         self._partial_min_frames = round(config.partial_window_min_s * 100)
         self._tokenizers: dict[tuple[str, str] | None, Any] = {}
+        # faster-whisper's Tokenizer.encode, which no language or task changes.
+        hf_tokenizer = self._model.hf_tokenizer
+        self._text_tokens = text_tokens(
+            lambda text: hf_tokenizer.encode(text, add_special_tokens=False).ids
+        )
         self._phases = PhaseTimes()
 
     @property
@@ -151,16 +157,11 @@ class FasterWhisperEngine:
                 chosen[i] = choose_language(probabilities, requests[i].language_hint)
         return chosen
 
-    @staticmethod
-    def _encode(tokenizer: Any, text: str) -> list[int]:
-        tokens: list[int] = tokenizer.encode(" " + text.strip()) if text.strip() else []
-        return tokens
-
     def _prompt(self, tokenizer: Any, request: EngineRequest) -> tuple[list[int], int]:
         """get_prompt(without_timestamps=True, prefix=…) with `fit_prompt`'s budget, and the
         number of prefix tokens (CTranslate2 returns them at the start of the sequence)."""
         previous, prefix = fit_prompt(
-            self._encode(tokenizer, request.prompt), self._encode(tokenizer, request.prefix)
+            self._text_tokens(request.prompt), self._text_tokens(request.prefix)
         )
         prompt: list[int] = self._model.get_prompt(tokenizer, previous, without_timestamps=True)
         return prompt + prefix, len(prefix)

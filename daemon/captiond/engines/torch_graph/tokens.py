@@ -18,7 +18,7 @@ from pathlib import Path
 
 import tokenizers
 
-from captiond.engines import fit_prompt
+from captiond.engines import fit_prompt, text_tokens
 
 # faster-whisper's `max_length`: prompt and generated tokens together.
 MAX_LENGTH = 448
@@ -130,6 +130,7 @@ class WhisperTokens:
         # Word probabilities decode every word of every partial, and a stream's partials repeat
         # the same words: cached (with text.units' ASCII path, 0.53 -> 0.07 ms a 60-token row).
         self.decode_words = functools.lru_cache(maxsize=1 << 16)(self.decode)
+        self.text_tokens = text_tokens(self.encode)
 
     def _optional_id(self, token: str) -> int | None:
         found = self.tokenizer.token_to_id(token)
@@ -143,9 +144,6 @@ class WhisperTokens:
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
-
-    def _encode_text(self, text: str) -> list[int]:
-        return self.encode(" " + text.strip()) if text.strip() else []
 
     def language_token(self, language: str) -> int:
         """<|xx|> for a language code the model knows."""
@@ -171,7 +169,7 @@ class WhisperTokens:
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
         previous, prefix_tokens = fit_prompt(
-            self._encode_text(previous_text), self._encode_text(prefix)
+            self.text_tokens(previous_text), self.text_tokens(prefix)
         )
         tokens: list[int] = []
         if previous:
