@@ -75,10 +75,7 @@ class FasterWhisperEngine:
         self._partial_min_frames = round(config.partial_window_min_s * 100)
         self._tokenizers: dict[tuple[str, str] | None, Any] = {}
         # faster-whisper's Tokenizer.encode, which no language or task changes.
-        hf_tokenizer = self._model.hf_tokenizer
-        self._text_tokens = text_tokens(
-            lambda text: hf_tokenizer.encode(text, add_special_tokens=False).ids
-        )
+        self._text_tokens = text_tokens(self._tokenizer("en", "transcribe").encode)
         self._phases = PhaseTimes()
 
     @property
