@@ -65,13 +65,13 @@ def missing_tool(message: str) -> NoReturn:
 
 def vad_spans(samples: np.ndarray) -> list[tuple[int, int]]:
     """[start, end) of every utterance the default webrtcvad segmentation finds in `samples`."""
-    from captiond.audio import Framer
+    from captiond.audio import Framer, to_pcm16
     from captiond.config import Config
     from captiond.vad import UtteranceStart, VadSegmenter, webrtc_vad
 
     config = Config()
     segmenter = VadSegmenter(webrtc_vad(config.vad.aggressiveness), config.vad, config.stream)
-    events = list(segmenter.push(Framer().push(samples)))
+    events = list(segmenter.push(Framer().push(to_pcm16(samples))))
     events.extend(segmenter.flush(len(samples)))
     spans: list[tuple[int, int]] = []
     start: int | None = None

@@ -36,8 +36,7 @@ class LoudnessVad:
     """A scripted stand-in for webrtcvad: a frame is speech when it is louder than -40 dBFS."""
 
     def is_speech(self, buf: bytes, sample_rate: int) -> bool:
-        frame = np.frombuffer(buf, dtype="<i2").astype(np.float32) / 32768
-        return bool(levels_dbfs(frame)[0] > -40.0)
+        return levels_dbfs(np.frombuffer(buf, dtype="<i2"))[0] > -40.0
 
 
 def tone_bursts(bursts_s: list[float], gap_s: float = 1.0) -> np.ndarray:

@@ -14,12 +14,13 @@ from captiond.audio import (
     FRAME_SAMPLES,
     AudioBuffer,
     Framer,
+    Pcm16,
     Resampler,
     Samples,
     decode_pcm,
     ms_to_samples,
     samples_to_ms,
-    to_int16_bytes,
+    to_pcm16,
 )
 from captiond.errors import BadAudioError
 
@@ -27,6 +28,11 @@ from captiond.errors import BadAudioError
 def _ramp(n: int, start: int = 0) -> Samples:
     """Distinct, exactly representable sample values: identity is easy to check."""
     return np.arange(start, start + n, dtype=np.float32)
+
+
+def _pcm_ramp(n: int, start: int = 0) -> Pcm16:
+    """The same as 16-bit PCM, what the Framer cuts."""
+    return np.arange(start, start + n, dtype=np.int16)
 
 
 # -- decode_pcm -------------------------------------------------------------------------------
@@ -78,7 +84,7 @@ def test_decode_f32le_non_finite_is_bad_audio(bad: float) -> None:
 
 def test_int16_round_trip() -> None:
     samples = np.array([0.0, 0.5, -0.5, 0.999, -1.0], dtype=np.float32)
-    back = decode_pcm(to_int16_bytes(samples), "pcm_s16le")
+    back = decode_pcm(to_pcm16(samples).tobytes(), "pcm_s16le")
     np.testing.assert_allclose(back, samples, atol=1 / 16_000)
 
 
@@ -93,10 +99,10 @@ def test_int16_round_trip() -> None:
 def test_framer_any_split_gives_the_frames_of_the_concatenation(
     total: int, cuts: list[int]
 ) -> None:
-    data = _ramp(total)
+    data = _pcm_ramp(total)
     bounds = [0, *sorted(c for c in cuts if c <= total), total]
     framer = Framer()
-    frames: list[Samples] = []
+    frames: list[Pcm16] = []
     for lo, hi in itertools.pairwise(bounds):
         out = framer.push(data[lo:hi])
         assert len(out) % FRAME_SAMPLES == 0
@@ -109,18 +115,18 @@ def test_framer_any_split_gives_the_frames_of_the_concatenation(
     assert framer.pending_samples == total % FRAME_SAMPLES
     # The remainder is kept: completing it yields exactly the next frame.
     rest = FRAME_SAMPLES - framer.pending_samples
-    nxt = framer.push(_ramp(rest, start=total))
-    np.testing.assert_array_equal(nxt, _ramp(FRAME_SAMPLES, start=whole * FRAME_SAMPLES))
+    nxt = framer.push(_pcm_ramp(rest, start=total))
+    np.testing.assert_array_equal(nxt, _pcm_ramp(FRAME_SAMPLES, start=whole * FRAME_SAMPLES))
     assert framer.pending_samples == 0
 
 
 def test_framer_keeps_remainder_independent_of_caller_buffer() -> None:
     framer = Framer()
-    chunk = _ramp(500)
+    chunk = _pcm_ramp(500)
     assert len(framer.push(chunk)) == FRAME_SAMPLES
-    chunk[:] = -1.0  # the caller reuses its buffer
-    frame = framer.push(_ramp(460, start=500))
-    np.testing.assert_array_equal(frame, _ramp(FRAME_SAMPLES, start=480))
+    chunk[:] = -1  # the caller reuses its buffer
+    frame = framer.push(_pcm_ramp(460, start=500))
+    np.testing.assert_array_equal(frame, _pcm_ramp(FRAME_SAMPLES, start=480))
 
 
 # -- AudioBuffer ------------------------------------------------------------------------------

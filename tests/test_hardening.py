@@ -137,6 +137,29 @@ def test_idle_sessions_are_closed_and_cannot_lock_the_daemon_out() -> None:
     run(scenario())
 
 
+def test_idle_time_counts_from_the_last_audio() -> None:
+    """Audio for longer than the idle timeout holds the session; once the client stops
+    sending, it is closed after the timeout, with the finals of what it sent."""
+
+    async def scenario() -> tuple[Exchange, float]:
+        config = make_config(server={"idle_timeout_s": 0.5})
+        async with running_daemon(config) as daemon, connect(url(daemon)) as conn:
+            reader = asyncio.create_task(collect(conn))
+            pcm = tone_bursts([1.0, 1.0], gap_s=0.6)  # 3.1 s, sent at 2x real time
+            for start in range(0, len(pcm), 1600):
+                await asyncio.sleep(0.05)
+                await conn.send(pcm[start : start + 1600].tobytes())
+            last_audio_s = asyncio.get_running_loop().time()
+            ex = await asyncio.wait_for(reader, 10)
+            return ex, asyncio.get_running_loop().time() - last_audio_s
+
+    ex, closed_after_s = run(scenario())
+    assert [e["code"] for e in ex.of("error")] == ["idle_timeout"]
+    assert ex.close_code == 4408
+    assert 0.5 <= closed_after_s < 2.0
+    assert len(ex.of("final")) == 2  # the utterances heard before the client went quiet
+
+
 def test_connections_per_ip_are_limited() -> None:
     async def scenario() -> None:
         config = make_config(server={"max_sessions_per_ip": 2})

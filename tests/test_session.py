@@ -101,7 +101,12 @@ class Driver:
         rate = (self.session_rate_hz * CHUNK_MS) // 1000
         for i in range(0, len(samples), rate):
             self.session.receive_audio(encode(samples[i : i + rate]))
-            self.pump()
+            # As the connection does: the pump is woken only when the session says it has work,
+            # so every test that feeds audio checks that no due decode goes unnoticed.
+            if self.session.needs_pump:
+                self.pump()
+            else:
+                assert self.session.next_request() is None, "a decode was due, the pump slept"
 
     @property
     def session_rate_hz(self) -> int:
@@ -227,6 +232,26 @@ def test_a_final_due_supersedes_the_partial_in_flight() -> None:
     finals = [m for m in session.take_messages() if isinstance(m, Final)]
     assert len(finals) == 1 and finals[0].text
     assert not session.final_due
+
+
+def test_audio_wakes_the_pump_only_when_a_decode_is_due() -> None:
+    """Chunks of 100 ms with partials every 500 ms: the pump is needed for one chunk in five,
+    not for every chunk; with a partial in flight, only for the final that supersedes it."""
+    driver = Driver()
+    session = driver.session
+    woken = []
+    for _ in range(30):
+        session.receive_audio(s16(tone(0.1)))
+        woken.append(session.needs_pump)
+        driver.pump()
+    assert 4 <= sum(woken) <= 6  # 3 s of speech: the first partial once 1 s is heard
+    session.receive_audio(s16(tone(0.5)))
+    partial = session.next_request()
+    assert partial is not None and partial.kind is DecodeKind.PARTIAL
+    session.receive_audio(s16(tone(0.5)))
+    assert not session.needs_pump  # a partial is due, but one is in flight
+    session.receive_audio(s16(silence(1.0)))
+    assert session.needs_pump and session.final_due
 
 
 def test_end_with_a_request_in_flight_waits_for_it() -> None:

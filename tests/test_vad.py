@@ -17,7 +17,7 @@ from conftest import read_wav_int16, vad_spans
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from captiond.audio import FRAME_SAMPLES, Samples
+from captiond.audio import FRAME_SAMPLES, Pcm16, Samples, to_pcm16
 from captiond.config import StreamConfig, VadConfig
 from captiond.vad import (
     UtteranceEnd,
@@ -58,26 +58,26 @@ class AlwaysVoiced:
 
 
 def level(frame: Samples) -> float:
-    """One frame's RMS level."""
-    (value,) = levels_dbfs(frame).tolist()
-    return float(value)
+    """One float frame's RMS level, as the segmenter sees it (16-bit PCM)."""
+    (value,) = levels_dbfs(to_pcm16(frame))
+    return value
 
 
-def tone_frame(amplitude: float = 0.1) -> Samples:
+def tone_frame(amplitude: float = 0.1) -> Pcm16:
     """A 500 Hz tone: exactly 15 periods per frame, so every frame has the same level."""
     t = np.arange(FRAME_SAMPLES) / 16_000
-    return (amplitude * np.sin(2 * np.pi * 500.0 * t)).astype(np.float32)
+    return to_pcm16((amplitude * np.sin(2 * np.pi * 500.0 * t)).astype(np.float32))
 
 
-def silent_frame() -> Samples:
-    return np.zeros(FRAME_SAMPLES, dtype=np.float32)
+def silent_frame() -> Pcm16:
+    return np.zeros(FRAME_SAMPLES, dtype=np.int16)
 
 
 def segmenter(vad: Any, vad_config: VadConfig | None = None, **stream: Any) -> VadSegmenter:
     return VadSegmenter(vad, vad_config or VadConfig(), StreamConfig(**stream))
 
 
-def feed(seg: VadSegmenter, frames: Sequence[Samples]) -> list[tuple[int, VadEvent]]:
+def feed(seg: VadSegmenter, frames: Sequence[Pcm16]) -> list[tuple[int, VadEvent]]:
     """Push frames; return (frame index, event) pairs."""
     out: list[tuple[int, VadEvent]] = []
     for i, frame in enumerate(frames):
@@ -86,8 +86,8 @@ def feed(seg: VadSegmenter, frames: Sequence[Samples]) -> list[tuple[int, VadEve
 
 
 def test_tone_is_above_the_floor_and_silence_below() -> None:
-    assert level(tone_frame()) > VadConfig().rms_floor_dbfs + 20
-    assert level(silent_frame()) < VadConfig().rms_floor_dbfs
+    assert levels_dbfs(tone_frame())[0] > VadConfig().rms_floor_dbfs + 20
+    assert levels_dbfs(silent_frame())[0] < VadConfig().rms_floor_dbfs
 
 
 # -- start ------------------------------------------------------------------------------------
@@ -303,7 +303,7 @@ def test_a_chunk_of_frames_segments_as_its_frames_one_by_one(
     bounds = [0, *sorted(c for c in cuts if c <= len(frames)), len(frames)]
     events: list[VadEvent] = []
     for lo, hi in itertools.pairwise(bounds):
-        block = np.concatenate(frames[lo:hi]) if hi > lo else np.zeros(0, np.float32)
+        block = np.concatenate(frames[lo:hi]) if hi > lo else np.zeros(0, np.int16)
         events.extend(chunked.push(block))
     assert events == expected
 
@@ -324,18 +324,22 @@ def test_digital_silence_never_starts_even_if_the_vad_says_voiced() -> None:
 
 def test_hiss_below_the_floor_never_starts() -> None:
     rng = np.random.default_rng(1)
-    quiet = [(1e-4 * rng.standard_normal(FRAME_SAMPLES)).astype(np.float32) for _ in range(50)]
-    assert all(level(f) < VadConfig().rms_floor_dbfs for f in quiet)
+    quiet = [
+        to_pcm16((1e-4 * rng.standard_normal(FRAME_SAMPLES)).astype(np.float32)) for _ in range(50)
+    ]
+    assert all(levels_dbfs(f)[0] < VadConfig().rms_floor_dbfs for f in quiet)
     assert feed(segmenter(AlwaysVoiced()), quiet) == []
 
 
 def test_levels_dbfs_values() -> None:
-    assert levels_dbfs(silent_frame()).tolist() == [-200.0]
-    full = np.ones(FRAME_SAMPLES, dtype=np.float32)
-    assert levels_dbfs(full) == pytest.approx([0.0])
-    assert level(0.1 * full) == pytest.approx(-20.0)
-    two = np.concatenate([full, np.zeros(FRAME_SAMPLES, np.float32)])
-    assert levels_dbfs(two).tolist() == pytest.approx([0.0, -200.0])
+    assert levels_dbfs(silent_frame()) == [-200.0]
+    full = np.full(FRAME_SAMPLES, -32768, dtype=np.int16)
+    assert levels_dbfs(full) == [0.0]
+    assert level(np.full(FRAME_SAMPLES, 0.1, dtype=np.float32)) == pytest.approx(-20.0, abs=1e-3)
+    two = np.concatenate([full, silent_frame()])
+    assert levels_dbfs(two) == [0.0, -200.0]
+    # One least significant bit is far below the floor, and not digital silence.
+    assert levels_dbfs(np.ones(FRAME_SAMPLES, dtype=np.int16)) == pytest.approx([-90.3], abs=0.1)
 
 
 # -- real webrtcvad on real speech -------------------------------------------------------------

@@ -13,6 +13,7 @@ from captiond import SAMPLE_RATE_HZ
 from captiond.errors import BadAudioError
 
 Samples = npt.NDArray[np.float32]
+Pcm16 = npt.NDArray[np.int16]  # 16-bit PCM, what webrtcvad reads
 FRAME_SAMPLES = 480  # 30 ms at 16 kHz: a frame length webrtcvad accepts
 _MIN_BUFFER_SAMPLES = 10 * SAMPLE_RATE_HZ  # an AudioBuffer's smallest array
 
@@ -25,25 +26,37 @@ def ms_to_samples(ms: float) -> int:
     return round(ms * SAMPLE_RATE_HZ / 1000)
 
 
-def decode_pcm(data: bytes, encoding: str) -> Samples:
-    """Little-endian PCM bytes to float32 in [-1, 1]; a partial sample is an error."""
-    width = 2 if encoding == "pcm_s16le" else 4
+def _check_whole_samples(data: bytes, encoding: str, width: int) -> None:
     if len(data) % width:
         raise BadAudioError(
             f"{encoding} frames must hold whole samples: got {len(data)} bytes, "
             f"not a multiple of {width}"
         )
+
+
+def read_pcm16(data: bytes) -> Pcm16:
+    """pcm_s16le bytes as 16-bit samples (a view of `data`); a partial sample is an error."""
+    _check_whole_samples(data, "pcm_s16le", 2)
+    return np.frombuffer(data, dtype="<i2")
+
+
+def decode_pcm(data: bytes, encoding: str) -> Samples:
+    """Little-endian PCM bytes to float32 in [-1, 1]; a partial sample is an error."""
     if encoding == "pcm_s16le":
-        return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+        return read_pcm16(data).astype(np.float32) / 32768.0
+    _check_whole_samples(data, encoding, 4)
     samples = np.frombuffer(data, dtype="<f4").astype(np.float32)
     if not np.all(np.isfinite(samples)):
         raise BadAudioError("f32le audio contains NaN or infinite samples")
     return np.clip(samples, -1.0, 1.0)
 
 
-def to_int16_bytes(samples: Samples) -> bytes:
+def to_pcm16(samples: Samples) -> Pcm16:
     """The inverse of `decode_pcm` for pcm_s16le (x / 32768): int16 input comes back exact."""
-    return np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2").tobytes()
+    scaled = samples * np.float32(32768.0)
+    np.rint(scaled, out=scaled)
+    np.clip(scaled, -32768, 32767, out=scaled)
+    return scaled.astype(np.int16)
 
 
 class Resampler:
@@ -60,12 +73,12 @@ class Resampler:
 
 
 class Framer:
-    """Cuts a sample stream into 30 ms frames, keeping the remainder for the next chunk."""
+    """Cuts a PCM stream into 30 ms frames, keeping the remainder for the next chunk."""
 
     def __init__(self) -> None:
-        self._pending: Samples = np.zeros(0, dtype=np.float32)
+        self._pending: Pcm16 = np.zeros(0, dtype=np.int16)
 
-    def push(self, samples: Samples) -> Samples:
+    def push(self, samples: Pcm16) -> Pcm16:
         """The whole frames this chunk completes, as one array (possibly empty)."""
         data = np.concatenate([self._pending, samples]) if self._pending.size else samples
         whole = len(data) - len(data) % FRAME_SAMPLES
@@ -103,14 +116,21 @@ class AudioBuffer:
         return self._offset
 
     def append(self, samples: Samples) -> None:
-        n = len(samples)
+        self._next(len(samples))[:] = samples
+
+    def append_pcm16(self, pcm: Pcm16) -> None:
+        """Append 16-bit PCM as float32 (x / 32768, as `decode_pcm`), scaled in one pass."""
+        np.multiply(pcm, np.float32(1 / 32768), out=self._next(len(pcm)))
+
+    def _next(self, n: int) -> Samples:
+        """The next `n` samples of the array, counted as filled (the caller writes them)."""
         if self._fill + n > len(self._data):
             kept = self._fill - self._head
             grown = np.empty(max(2 * (kept + n), _MIN_BUFFER_SAMPLES), dtype=np.float32)
             grown[:kept] = self._data[self._head : self._fill]
             self._data, self._head, self._fill = grown, 0, kept
-        self._data[self._fill : self._fill + n] = samples
         self._fill += n
+        return self._data[self._fill - n : self._fill]
 
     def view(self, start: int, end: int) -> Samples:
         """Samples [start, end) in absolute indices, both inside the kept audio, as a read-only

@@ -79,7 +79,7 @@ Message = Hello | Decode | Cancel | Forget | Result | Status
 def write(writer: asyncio.StreamWriter, message: Message) -> None:
     """Queue one message (the transport buffers it; never blocks)."""
     body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    writer.write(_LENGTH.pack(len(body)) + body)
+    writer.writelines((_LENGTH.pack(len(body)), body))  # no copy of the body to prefix it
 
 
 async def read(reader: asyncio.StreamReader) -> Message | None:

@@ -28,11 +28,14 @@ from captiond import SAMPLE_RATE_HZ
 from captiond.audio import (
     AudioBuffer,
     Framer,
+    Pcm16,
     Resampler,
     Samples,
     decode_pcm,
     ms_to_samples,
+    read_pcm16,
     samples_to_ms,
+    to_pcm16,
 )
 from captiond.config import Config
 from captiond.context import CommittedFinal, TranscriptContext
@@ -164,6 +167,12 @@ class StreamSession:
     def receive_audio(self, data: bytes) -> None:
         if self.state is not SessionState.STREAMING:
             raise BadMessageError("audio after 'end': the stream is closed")
+        if self._resampler is None and self._params.encoding == "pcm_s16le":
+            # The client's own 16-bit PCM: the VAD reads it as it is, the buffer scales it.
+            pcm = read_pcm16(data)
+            self._buffer.append_pcm16(pcm)
+            self._segment(pcm)
+            return
         samples = decode_pcm(data, self._params.encoding)
         if self._resampler is not None:
             samples = self._resampler.process(samples)
@@ -204,7 +213,7 @@ class StreamSession:
             utt = self._closed[0]
             assert utt.end_sample is not None
             req = self._request(utt, DecodeKind.FINAL, utt.end_sample, self._stream.final_beam_size)
-        elif self._partials and self._open is not None and self._partial_due(self._open):
+        elif self._open is not None and self._partial_due(self._open):
             utt = self._open
             utt.partial_end_sample = self._buffer.end_sample
             req = self._request(
@@ -255,6 +264,16 @@ class StreamSession:
         """An utterance has ended and waits for its final decode."""
         return bool(self._closed)
 
+    @property
+    def needs_pump(self) -> bool:
+        """Whether the decode pump (scheduler.drive_session) has something to act on: a final
+        is due (also while a partial is in flight: the final supersedes it), a partial is due,
+        or the stream is done. Audio wakes the pump only then: woken for every 100 ms chunk,
+        it ran ten times a second per stream to find nothing to do."""
+        if self._closed or self.done:
+            return True
+        return self._in_flight is None and self._open is not None and self._partial_due(self._open)
+
     def take_messages(self) -> list[ServerMessage]:
         out, self._outbox = self._outbox, []
         return out
@@ -288,7 +307,11 @@ class StreamSession:
 
     def _push_samples(self, samples: Samples) -> None:
         self._buffer.append(samples)
-        self._handle_vad(self._segmenter.push(self._framer.push(samples)))
+        self._segment(to_pcm16(samples))
+
+    def _segment(self, pcm: Pcm16) -> None:
+        """Run the VAD over the audio just buffered (as 16-bit PCM, what webrtcvad reads)."""
+        self._handle_vad(self._segmenter.push(self._framer.push(pcm)))
         self._trim_buffer()
 
     def _trim_buffer(self) -> None:
@@ -327,6 +350,8 @@ class StreamSession:
         return self._detect_hinted_samples if self._language else self._detect_samples
 
     def _partial_due(self, utt: _Utterance) -> bool:
+        if not self._partials:
+            return False
         end = self._buffer.end_sample
         if end - utt.start_sample > self._partial_limit_samples:
             return False

@@ -151,7 +151,8 @@ class DaemonSource:
                         resampler.process(block) if resampler is not None else block
                     )
                     await self._deliver()
-                    self._wake.set()
+                    if self._session.needs_pump:
+                        self._wake.set()
                 raise OSError("the audio input ended")
             except OSError as exc:
                 log.warning("source %s: %s; retrying in %.0f s", self.name, exc, delay_s)
