@@ -204,6 +204,20 @@ def test_audio_buffer_memory_follows_what_is_kept() -> None:
     assert buffer._data.size <= 2 * (keep + chunk)
 
 
+def test_audio_buffer_takes_pcm16_as_decode_pcm_would() -> None:
+    """The client's 16-bit PCM appended directly (scaled in place) is bit for bit what
+    decoding it first gives, across the buffer's growth."""
+    rng = np.random.default_rng(7)
+    pcm = rng.integers(-32768, 32768, size=400_000).astype(np.int16)  # 25 s: it grows twice
+    direct, decoded = AudioBuffer(), AudioBuffer()
+    for start in range(0, len(pcm), 1_600):
+        chunk = pcm[start : start + 1_600]
+        direct.append_pcm16(chunk)
+        decoded.append(decode_pcm(chunk.astype("<i2").tobytes(), "pcm_s16le"))
+    assert direct.end_sample == decoded.end_sample == len(pcm)
+    np.testing.assert_array_equal(direct.view(0, len(pcm)), decoded.view(0, len(pcm)))
+
+
 def test_audio_buffer_view_is_read_only_and_outlives_appends_and_discards() -> None:
     """A decode window is a view that the engine thread reads while the event loop keeps
     appending and discarding: it must keep its samples, and nobody may write through it."""
