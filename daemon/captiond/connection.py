@@ -323,6 +323,7 @@ class LiveStream:
         loop = asyncio.get_running_loop()
         bytes_per_s = session.params.sample_rate_hz * session.params.bytes_per_sample
         max_buffered_samples = round(cfg.max_buffered_s * SAMPLE_RATE_HZ)
+        max_buffered_ms = round(cfg.max_buffered_s * 1000)
         unreported_audio_s = 0.0  # added to the audio counter once a second of it came
         try:
             while True:
@@ -369,8 +370,9 @@ class LiveStream:
                     if unreported_audio_s >= 1.0:
                         self._metrics.audio_seconds.inc(unreported_audio_s)
                         unreported_audio_s = 0.0
-                    self.arrivals.append((session.audio_ms, now_s))
-                    horizon_ms = session.audio_ms - round(cfg.max_buffered_s * 1000)
+                    audio_ms = session.audio_ms
+                    self.arrivals.append((audio_ms, now_s))
+                    horizon_ms = audio_ms - max_buffered_ms
                     while self.arrivals[0][0] < horizon_ms:
                         self.arrivals.popleft()  # no final can end there: no speech for a while
                 if control is not None:

@@ -213,11 +213,14 @@ class StreamSession:
             utt = self._closed[0]
             assert utt.end_sample is not None
             req = self._request(utt, DecodeKind.FINAL, utt.end_sample, self._stream.final_beam_size)
-        elif self._open is not None and self._partial_due(self._open):
-            utt = self._open
-            utt.partial_end_sample = self._buffer.end_sample
+        elif self._partial_due():
+            assert self._open is not None
+            self._open.partial_end_sample = self._buffer.end_sample
             req = self._request(
-                utt, DecodeKind.PARTIAL, utt.partial_end_sample, self._stream.partial_beam_size
+                self._open,
+                DecodeKind.PARTIAL,
+                self._open.partial_end_sample,
+                self._stream.partial_beam_size,
             )
         else:
             return None
@@ -272,7 +275,7 @@ class StreamSession:
         it ran ten times a second per stream to find nothing to do."""
         if self._closed or self.done:
             return True
-        return self._in_flight is None and self._open is not None and self._partial_due(self._open)
+        return self._in_flight is None and self._partial_due()
 
     def take_messages(self) -> list[ServerMessage]:
         out, self._outbox = self._outbox, []
@@ -349,8 +352,10 @@ class StreamSession:
         """Audio an utterance needs before its language is decided (see StreamConfig)."""
         return self._detect_hinted_samples if self._language else self._detect_samples
 
-    def _partial_due(self, utt: _Utterance) -> bool:
-        if not self._partials:
+    def _partial_due(self) -> bool:
+        """The open utterance (if any) is due for a partial."""
+        utt = self._open
+        if utt is None or not self._partials:
             return False
         end = self._buffer.end_sample
         if end - utt.start_sample > self._partial_limit_samples:
