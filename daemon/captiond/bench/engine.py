@@ -240,7 +240,7 @@ def _faster_whisper(
     model = WhisperModel(str(model_path), device=device, compute_type=compute_type)
     per_batch = {str(b): _faster_whisper_batch(model, b, steps, audio, beside) for b in batches}
     return {
-        "model": model_path.name,
+        "model": model_display_name(model_path),
         "device": device,
         "compute_type": compute_type,
         "batches": per_batch,
