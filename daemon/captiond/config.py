@@ -91,7 +91,9 @@ class StreamConfig:
     # Decode context (context.py): a decode's window reaches back over earlier finals, whose
     # text is forced as the prefix, as far as `context_s` of audio (finals; Whisper's window is
     # 30 s) or `partial_context_s` (partials: a longer window costs every partial its encode) and
-    # `context_chars` of text allow. 0 decodes every utterance alone.
+    # `context_chars` of text allow. 0 decodes every utterance alone: on a CPU, where
+    # CTranslate2 forces the context one beam step at a time, finals then take about half as
+    # long, and a reading loses accuracy (README, Accuracy).
     context_s: float = 30.0
     partial_context_s: float = 10.0
     # CTranslate2 counts the prefix inside its 224-token decode budget: ~450 chars (~110
