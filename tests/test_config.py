@@ -234,6 +234,8 @@ def _section_strategy(cls: type[Any]) -> st.SearchStrategy[Any]:
             fields[f.name] = st.floats(min_value=0.0, max_value=30.0)
         elif f.name == "stable_min_probability":
             fields[f.name] = st.floats(min_value=0.0, max_value=1.0)
+        elif f.name == "final_tail_ms":  # at least one VAD frame
+            fields[f.name] = st.integers(min_value=30, max_value=2**62)
         elif f.name == "workers":  # > 1 refuses TLS: see test_workers_need_plain_ws
             fields[f.name] = st.just(1)
         elif f.name == "allowed_origins":
@@ -344,3 +346,9 @@ def test_workers_need_plain_ws() -> None:
     with pytest.raises(ConfigError, match="terminate TLS in front"):
         config_from_mapping({"server": {"workers": 2, "tls_cert": "cert.pem"}})
     assert config_from_mapping({"server": {"workers": 4}}).server.workers == 4
+
+
+def test_a_final_tail_under_one_vad_frame_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"\[vad\] final_tail_ms"):
+        config_from_mapping({"vad": {"final_tail_ms": 20}})
+    assert config_from_mapping({"vad": {"final_tail_ms": 30}}).vad.final_tail_ms == 30

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from captiond.audio import Samples
-from captiond.config import Config, StreamConfig
+from captiond.config import Config, StreamConfig, VadConfig
 from captiond.engines import DecodeKind, EngineRequest, EngineResult
 from captiond.engines.fake import FakeEngine
 from captiond.errors import BadAudioError, BadMessageError
@@ -75,23 +75,28 @@ class Driver:
         decoder: Decoder | None = None,
         *,
         partials: bool = True,
+        early_finals: bool = True,
         params: StreamParams | None = None,
         stream: StreamConfig | None = None,
+        vad: VadConfig | None = None,
     ) -> None:
-        config = Config(stream=stream or StreamConfig())
+        config = Config(stream=stream or StreamConfig(), vad=vad or VadConfig())
         self.session = StreamSession(
             config=config,
             vad=LevelVad(),
             params=params or StreamParams(),
             partials=partials,
+            early_finals=early_finals,
         )
         self.decoder = decoder or fake_decoder()
         self.requests: list[DecodeRequest] = []
+        self.asked_at_ms: list[int] = []  # the stream's audio when each request was made
         self.messages: list[ServerMessage] = []
 
     def pump(self) -> None:
         while (request := self.session.next_request()) is not None:
             self.requests.append(request)
+            self.asked_at_ms.append(self.session.audio_ms)
             # At most one request in flight: nothing more until this one is answered.
             assert self.session.next_request() is None
             self.session.on_result(request, self.decoder(request.engine_request))
@@ -221,9 +226,9 @@ def test_a_final_due_supersedes_the_partial_in_flight() -> None:
     session.receive_audio(s16(tone(1.5)))
     partial = session.next_request()
     assert partial is not None and partial.kind is DecodeKind.PARTIAL
-    assert not session.final_due
+    assert not session.superseded(partial)
     session.receive_audio(s16(silence(1.0)))  # the utterance ends while the partial waits
-    assert session.final_due
+    assert session.superseded(partial)
     session.abandon(partial)
     final = session.next_request()
     assert final is not None and final.kind is DecodeKind.FINAL
@@ -231,7 +236,113 @@ def test_a_final_due_supersedes_the_partial_in_flight() -> None:
     session.on_result(final, driver.decoder(final.engine_request))
     finals = [m for m in session.take_messages() if isinstance(m, Final)]
     assert len(finals) == 1 and finals[0].text
-    assert not session.final_due
+
+
+# -- early finals ----------------------------------------------------------------------------
+# A 1.5-s tone from 0.5 s: its last voiced frame ends at 2.01 s, a final's tail of 360 ms at
+# 2.37 s (set here: the default's would come in the same 100-ms chunk as the endpoint), the
+# 500-ms endpoint at 2.49 s.
+EARLY = VadConfig(final_tail_ms=360)
+PAUSE_MS = 2370
+
+
+def finals_asked(driver: Driver) -> list[DecodeRequest]:
+    return [r for r in driver.requests if r.kind is DecodeKind.FINAL]
+
+
+def test_an_early_final_is_the_final_when_the_endpoint_follows() -> None:
+    """The final's decode starts at the tail, before the endpoint, and is not repeated."""
+    driver = Driver(vad=EARLY)
+    driver.send(silence(0.5))
+    driver.send(tone(1.5))
+    driver.send(silence(1.0))
+    (final_request,) = finals_asked(driver)
+    asked_at_ms = driver.asked_at_ms[driver.requests.index(final_request)]
+    (stop,) = driver.of(SpeechStopped)
+    (final,) = driver.of(Final)
+    assert final_request.end_sample == PAUSE_MS * RATE // 1000
+    assert asked_at_ms < stop.end_ms == 2490
+    assert final.end_ms == stop.end_ms  # the segment keeps its trailing silence
+    assert final.text == driver.decoder(final_request.engine_request).text
+    # No partial after the pause: the final was under way.
+    partial_ends = [r.end_sample for r in driver.requests if r.kind is DecodeKind.PARTIAL]
+    assert max(partial_ends) < final_request.end_sample
+
+
+def test_speech_after_an_early_final_drops_it() -> None:
+    driver = Driver(vad=EARLY)
+    driver.send(silence(0.5))
+    driver.send(tone(1.5))
+    driver.send(silence(0.4))  # the tail: an early final is asked for and answered
+    assert len(finals_asked(driver)) == 1 and not driver.of(Final)
+    driver.send(tone(1.0))  # the speaker goes on
+    driver.send(silence(1.0))
+    early, final_request = finals_asked(driver)
+    assert early.utterance == final_request.utterance
+    assert early.end_sample < final_request.end_sample
+    (final,) = driver.of(Final)  # exactly one final per segment: the second decode's
+    assert final.text == driver.decoder(final_request.engine_request).text
+    assert final.text != driver.decoder(early.engine_request).text
+
+
+def test_an_early_final_in_flight_is_superseded_when_speech_resumes() -> None:
+    driver = Driver(vad=EARLY)
+    session = driver.session
+    for samples in (silence(0.5), tone(1.5), silence(0.4)):
+        session.receive_audio(s16(samples))
+    early = session.next_request()
+    assert early is not None and early.kind is DecodeKind.FINAL
+    assert not session.superseded(early)
+    session.receive_audio(s16(silence(0.03)))  # more silence: still the same pause
+    assert not session.superseded(early) and not session.needs_pump
+    session.receive_audio(s16(tone(0.2)))
+    assert session.superseded(early) and session.needs_pump
+    session.abandon(early)
+    after = session.next_request()
+    assert after is not None and after.kind is DecodeKind.PARTIAL
+
+
+def test_the_endpoint_while_an_early_final_is_in_flight_waits_for_it() -> None:
+    driver = Driver(vad=EARLY)
+    session = driver.session
+    for samples in (silence(0.5), tone(1.5), silence(0.4)):
+        session.receive_audio(s16(samples))
+    early = session.next_request()
+    assert early is not None and early.kind is DecodeKind.FINAL
+    session.receive_audio(s16(silence(0.6)))  # the endpoint
+    assert not session.superseded(early)
+    assert session.next_request() is None  # the early final is the final: no second decode
+    session.on_result(early, driver.decoder(early.engine_request))
+    finals = [m for m in session.take_messages() if isinstance(m, Final)]
+    assert len(finals) == 1 and finals[0].text and finals[0].end_ms == 2490
+    assert session.next_request() is None
+
+
+def test_end_during_the_pause_sends_the_early_final() -> None:
+    driver = Driver(vad=EARLY)
+    driver.send(silence(0.5))
+    driver.send(tone(1.5))
+    driver.send(silence(0.4))
+    driver.control(Control.END)
+    assert len(finals_asked(driver)) == 1
+    assert [type(m) for m in driver.messages][-2:] == [Final, Done]
+    assert driver.of(Final)[0].end_ms == 2400  # flushed at the stream's end
+
+
+def test_no_early_final_offline_and_the_same_text() -> None:
+    streamed, offline = Driver(vad=EARLY), Driver(partials=False, early_finals=False, vad=EARLY)
+    for driver in (streamed, offline):
+        two_utterances(driver)
+        driver.control(Control.END)
+    assert [f.text for f in streamed.of(Final)] == [f.text for f in offline.of(Final)]
+    assert [r.end_sample for r in finals_asked(offline)] == [
+        r.end_sample for r in finals_asked(streamed)
+    ]
+    # Offline never asks for a final before its utterance ended.
+    assert all(
+        at_ms >= stop.end_ms
+        for at_ms, stop in zip(offline.asked_at_ms, offline.of(SpeechStopped), strict=True)
+    )
 
 
 def test_audio_wakes_the_pump_only_when_a_decode_is_due() -> None:
@@ -251,7 +362,7 @@ def test_audio_wakes_the_pump_only_when_a_decode_is_due() -> None:
     session.receive_audio(s16(tone(0.5)))
     assert not session.needs_pump  # a partial is due, but one is in flight
     session.receive_audio(s16(silence(1.0)))
-    assert session.needs_pump and session.final_due
+    assert session.needs_pump and session.superseded(partial)
 
 
 def test_end_with_a_request_in_flight_waits_for_it() -> None:

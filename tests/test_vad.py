@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from captiond.audio import FRAME_SAMPLES, Pcm16, Samples, to_pcm16
 from captiond.config import StreamConfig, VadConfig
 from captiond.vad import (
+    FRAME_MS,
     UtteranceEnd,
     UtteranceStart,
     VadEvent,
@@ -30,6 +31,8 @@ from captiond.vad import (
 PREROLL = 300 * 16  # samples
 WINDOW = 10  # frames in the 300 ms start window
 ENDPOINT = 16  # 500 ms // 30 ms
+TAIL = VadConfig().final_tail_ms // FRAME_MS  # frames of trailing silence a final decodes
+FS = FRAME_SAMPLES
 
 
 class ScriptedVad:
@@ -162,7 +165,7 @@ def test_start_never_before_the_previous_end() -> None:
     first_end = (9 + ENDPOINT) * FRAME_SAMPLES
     assert events == [
         (8, UtteranceStart(start_sample=0, speech_start_sample=0)),
-        (8 + ENDPOINT, UtteranceEnd(end_sample=first_end)),
+        (8 + ENDPOINT, UtteranceEnd(end_sample=first_end, decode_end_sample=(9 + TAIL) * FS)),
         # The window + pre-roll would reach back before the first utterance's end.
         (8 + ENDPOINT + 9, UtteranceStart(start_sample=first_end, speech_start_sample=first_end)),
     ]
@@ -178,7 +181,10 @@ def test_end_after_endpoint_silence() -> None:
     # The first run of 15 unvoiced frames is one short of the endpoint; the second ends it.
     assert events == [
         (8, UtteranceStart(start_sample=0, speech_start_sample=0)),
-        (len(script) - 1, UtteranceEnd(end_sample=len(script) * FRAME_SAMPLES)),
+        (
+            len(script) - 1,
+            UtteranceEnd(end_sample=len(script) * FS, decode_end_sample=(50 + TAIL) * FS),
+        ),
     ]
     assert not seg.in_utterance
 
@@ -194,7 +200,8 @@ def test_a_long_utterance_ends_at_a_shorter_pause() -> None:
     events = feed(seg, [tone_frame()] * len(script))
     assert events == [
         (8, UtteranceStart(start_sample=0, speech_start_sample=0)),
-        (67, UtteranceEnd(end_sample=68 * FRAME_SAMPLES)),
+        # The 240-ms endpoint is shorter than the tail: the final decodes all of it.
+        (67, UtteranceEnd(end_sample=68 * FS, decode_end_sample=68 * FS)),
     ]
 
 
@@ -204,7 +211,39 @@ def test_end_by_digital_silence() -> None:
     events = feed(seg, frames)
     assert events == [
         (8, UtteranceStart(start_sample=0, speech_start_sample=0)),
-        (35, UtteranceEnd(end_sample=36 * FRAME_SAMPLES)),
+        (35, UtteranceEnd(end_sample=36 * FS, decode_end_sample=(20 + TAIL) * FS)),
+    ]
+
+
+def test_pause_sample_marks_the_final_tail_until_speech_resumes_or_the_endpoint() -> None:
+    """The final's decode may start once the tail of silence is in: `pause_sample` is where it
+    ends, the same sample the endpoint then reports; speech before the endpoint clears it."""
+    seg = segmenter(ScriptedVad([True] * 20 + [False] * TAIL + [True] * 5 + [False] * ENDPOINT))
+    feed(seg, [tone_frame()] * (20 + TAIL - 1))
+    assert seg.pause_sample is None  # one frame short of the tail
+    feed(seg, [tone_frame()])
+    assert seg.pause_sample == (20 + TAIL) * FS
+    feed(seg, [tone_frame()])
+    assert seg.pause_sample is None  # the speaker went on
+    events = feed(seg, [tone_frame()] * (4 + ENDPOINT - 1))
+    assert events == []
+    pause = (20 + TAIL + 5 + TAIL) * FS
+    assert seg.pause_sample == pause
+    events = feed(seg, [tone_frame()])
+    end = (20 + TAIL + 5 + ENDPOINT) * FS
+    assert events == [(0, UtteranceEnd(end_sample=end, decode_end_sample=pause))]
+    assert not seg.in_utterance and seg.pause_sample is None
+
+
+def test_a_tail_as_long_as_the_endpoint_never_pauses() -> None:
+    config = VadConfig(final_tail_ms=500)
+    seg = segmenter(ScriptedVad([True] * 20 + [False] * ENDPOINT), config)
+    for _ in range(20 + ENDPOINT - 1):
+        feed(seg, [tone_frame()])
+        assert seg.pause_sample is None
+    events = feed(seg, [tone_frame()])
+    assert events == [
+        (0, UtteranceEnd(end_sample=(20 + ENDPOINT) * FS, decode_end_sample=(20 + ENDPOINT) * FS))
     ]
 
 
@@ -213,7 +252,7 @@ def test_flush_closes_an_open_utterance() -> None:
     feed(seg, [tone_frame()] * 20)
     assert seg.in_utterance
     end = 20 * FRAME_SAMPLES + 100
-    assert list(seg.flush(end)) == [UtteranceEnd(end_sample=end)]
+    assert list(seg.flush(end)) == [UtteranceEnd(end_sample=end, decode_end_sample=end)]
     assert not seg.in_utterance
     assert list(seg.flush(end + 1000)) == []
 
@@ -228,7 +267,9 @@ def test_after_flush_a_new_start_needs_a_full_window_again() -> None:
     seg = segmenter(AlwaysVoiced())
     feed(seg, [tone_frame()] * 12)
     flush_end = 12 * FRAME_SAMPLES
-    assert list(seg.flush(flush_end)) == [UtteranceEnd(end_sample=flush_end)]
+    assert list(seg.flush(flush_end)) == [
+        UtteranceEnd(end_sample=flush_end, decode_end_sample=flush_end)
+    ]
     events = [e for frame in [tone_frame()] * 9 for e in seg.push(frame)]
     assert events == [UtteranceStart(start_sample=flush_end, speech_start_sample=flush_end)]
 
@@ -248,7 +289,7 @@ def test_cap_cuts_at_the_quietest_recent_frame_and_reopens() -> None:
     cut = 80 * FRAME_SAMPLES + FRAME_SAMPLES // 2
     assert events == [
         (8, UtteranceStart(start_sample=0, speech_start_sample=0)),
-        (99, UtteranceEnd(end_sample=cut)),
+        (99, UtteranceEnd(end_sample=cut, decode_end_sample=cut)),
         (99, UtteranceStart(start_sample=cut, speech_start_sample=cut)),
     ]
     assert seg.utterance_start_sample == cut

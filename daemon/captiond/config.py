@@ -70,6 +70,13 @@ class VadConfig:
     # and decoded 20 s of new speech at once (LJ reading: final p50 2.0 s).
     long_utterance_s: float = 8.0
     long_endpoint_silence_ms: int = 240
+    # A final decodes its utterance up to this much silence after the last voiced frame (all
+    # of a shorter endpoint's). Its decode starts then, while the endpoint is still being
+    # waited for, and is kept if no speech came before the endpoint (dropped if it did): the
+    # final can come endpoint_silence_ms - final_tail_ms sooner. Its cost: a decode thrown
+    # away at each pause that reaches this length and then goes on (README, early finals).
+    # endpoint_silence_ms or more turns it off.
+    final_tail_ms: int = 420
     # Frames quieter than this never count as speech (digital silence, hiss).
     rms_floor_dbfs: float = -55.0
 
@@ -282,6 +289,7 @@ def config_from_mapping(data: dict[str, Any], base: Config | None = None) -> Con
     config = dataclasses.replace(base, **updates)
     _check_server(config.server)
     _check_stream(config.stream)
+    _check_vad(config.vad)
     _check_engine(config.engine)
     _check_journal(config.journal)
     return config
@@ -341,6 +349,12 @@ def _is_origin(origin: str) -> bool:
         and not parts.query
         and not parts.fragment
     )
+
+
+def _check_vad(vad: VadConfig) -> None:
+    # Counted in whole 30-ms frames (vad.py): less than one would end a final at its last word.
+    if vad.final_tail_ms < 30:
+        raise ConfigError("[vad] final_tail_ms must be at least 30 (one VAD frame)")
 
 
 def _check_stream(stream: StreamConfig) -> None:

@@ -38,6 +38,9 @@ def transcribe_samples(
         vad=webrtc_vad(config.vad.aggressiveness),
         params=StreamParams(language=config.stream.language, task=task),
         partials=False,
+        # A file has no latency to save: an early final would only decode again what the
+        # final decodes the same way (its audio ends at the same sample either way).
+        early_finals=False,
     )
     finals: list[Final] = []
 

@@ -201,17 +201,21 @@ async def drive_session(
     `wake` is set by whoever feeds the session; `deliver` sends the messages it produced.
     """
     while not session.done:
+        # Cleared before the session is looked at: whatever wakes it later is seen.
+        wake.clear()
         request = session.next_request()
+        # next_request may have produced finals that early finals answered (and `done`): they
+        # go now, not after the decode it asks for next.
+        await deliver()
         if request is None:
-            wake.clear()
-            await wake.wait()
+            if not session.done:
+                await wake.wait()
             continue
         decode = asyncio.ensure_future(submit(request))
         try:
-            partial = request.kind is DecodeKind.PARTIAL
-            if partial and not await _unless_final_due(decode, session, wake):
-                # The utterance ended while its partial waited: the final makes the partial
-                # moot, and withdrawing it lets the final go now instead of after it.
+            if not await _unless_superseded(decode, request, session, wake):
+                # A partial whose utterance ended (the final makes it moot), or an early final
+                # the speaker went on after: withdrawn, it lets what is due now go first.
                 session.abandon(request)
                 continue
             result = await decode
@@ -222,12 +226,15 @@ async def drive_session(
         await deliver()
 
 
-async def _unless_final_due(
-    decode: asyncio.Future[EngineResult], session: StreamSession, wake: asyncio.Event
+async def _unless_superseded(
+    decode: asyncio.Future[EngineResult],
+    request: DecodeRequest,
+    session: StreamSession,
+    wake: asyncio.Event,
 ) -> bool:
-    """Wait for `decode`; False as soon as the session has a final due first."""
+    """Wait for `decode`; False as soon as the session no longer wants it."""
     while not decode.done():
-        if session.final_due:
+        if session.superseded(request):
             return False
         wake.clear()
         woken: asyncio.Future[Any] = asyncio.ensure_future(wake.wait())

@@ -11,6 +11,10 @@ earlier finals' audio and their decoded text is forced as Whisper's prefix, so o
 come back. Partials also force the utterance's stable words. Finals do not (partial-quality
 words would spread into every later decode); the final sent keeps the stable words verbatim and
 takes the rest from the decode (stabilize.keep_stable), so it never contradicts them.
+
+A final's decode covers its utterance up to `final_tail_ms` of silence (vad.py), so it can
+start before the endpoint confirms the utterance over: an early final. If the endpoint comes
+with no speech in between, its result is the final; if the speaker goes on, it is dropped.
 """
 
 from __future__ import annotations
@@ -108,10 +112,14 @@ class _Utterance:
     start_sample: int
     speech_start_sample: int
     end_sample: int | None = None
+    decode_end_sample: int | None = None  # where its final's decode ends (vad.UtteranceEnd)
     segment: int | None = None
     rev: int = 0
     partial_end_sample: int = 0  # audio end covered by the latest partial request
     speech_confirmed: bool = False  # a decode of it produced text: the speech gate let it by
+    early_end_sample: int = 0  # audio end of the latest early final asked for
+    # An early final's answer, kept until the endpoint: its request and the text decoded.
+    early: tuple[DecodeRequest, str] | None = None
     language: str | None = None  # decided once per utterance (with ?language=auto: detected)
     agreement: LocalAgreement = field(default_factory=LocalAgreement)
 
@@ -124,11 +132,13 @@ class StreamSession:
         vad: Vad,
         params: StreamParams,
         partials: bool = True,
+        early_finals: bool = True,
         origin: StreamOrigin | None = None,
     ) -> None:
         origin = origin or StreamOrigin(start_sample=0, first_segment=0, earlier_text="")
         self._stream = config.stream
         self._partials = partials
+        self._early_finals = early_finals
         self._params = params
         self._resampler = (
             Resampler(params.sample_rate_hz) if params.sample_rate_hz != 16_000 else None
@@ -206,13 +216,20 @@ class StreamSession:
     # -- decoding ----------------------------------------------------------------------------
 
     def next_request(self) -> DecodeRequest | None:
-        """The decode to run now, or None (one already in flight, or nothing is due)."""
+        """The decode to run now, or None (one already in flight, or nothing is due). Finals
+        that an early final already answered are sent first (take_messages)."""
         if self._in_flight is not None:
             return None
+        self._finish_answered()
+        final_beam = self._stream.final_beam_size
         if self._closed:
             utt = self._closed[0]
-            assert utt.end_sample is not None
-            req = self._request(utt, DecodeKind.FINAL, utt.end_sample, self._stream.final_beam_size)
+            assert utt.decode_end_sample is not None
+            req = self._request(utt, DecodeKind.FINAL, utt.decode_end_sample, final_beam)
+        elif (pause_sample := self._early_final_due()) is not None:
+            assert self._open is not None
+            self._open.early_end_sample = pause_sample
+            req = self._request(self._open, DecodeKind.FINAL, pause_sample, final_beam)
         elif self._partial_due():
             assert self._open is not None
             self._open.partial_end_sample = self._buffer.end_sample
@@ -231,8 +248,10 @@ class StreamSession:
         """Take the engine's result for the request returned by `next_request`."""
         assert request is self._in_flight, "results must answer the request in flight"
         self._in_flight = None
-        utt = self._closed[0] if request.kind is DecodeKind.FINAL else self._open
-        if utt is not None and utt.index == request.utterance:
+        utt = self._closed[0] if self._closed else self._open
+        if utt is not None and utt.index != request.utterance:
+            utt = None  # a partial of an utterance whose final was sent meanwhile
+        if utt is not None:
             if result.text.strip():
                 utt.speech_confirmed = True
             # A result without a language (the speech gate found no speech) decides nothing.
@@ -251,31 +270,41 @@ class StreamSession:
             skipped += 1
         text = join_units((*request.forced_words, *new_units[skipped:]))
         if request.kind is DecodeKind.FINAL:
-            self._finish(self._closed.popleft(), request, decoded=text)
+            self._take_final(utt, request, text)
         elif self._open is not None and self._open.index == request.utterance and text:
             sure = self._sure_units(request, result.unit_probs[skipped:], new_units[skipped:])
             self._show_partial(self._open, request, text, sure)
         self._maybe_done()
 
     def abandon(self, request: DecodeRequest) -> None:
-        """Forget the partial in flight: its result will never come (a final superseded it)."""
-        assert request is self._in_flight and request.kind is DecodeKind.PARTIAL
+        """Forget the decode in flight, `superseded`: its result will never come."""
+        assert request is self._in_flight
         self._in_flight = None
 
-    @property
-    def final_due(self) -> bool:
-        """An utterance has ended and waits for its final decode."""
-        return bool(self._closed)
+    def superseded(self, request: DecodeRequest) -> bool:
+        """Whether a decode in flight is no longer wanted: a partial once a final is due, an
+        early final once the speaker went on."""
+        if request.kind is DecodeKind.PARTIAL:
+            return bool(self._closed)
+        utt = self._open
+        return (
+            utt is not None
+            and utt.index == request.utterance
+            and self._segmenter.pause_sample != request.end_sample
+        )
 
     @property
     def needs_pump(self) -> bool:
         """Whether the decode pump (scheduler.drive_session) has something to act on: a final
-        is due (also while a partial is in flight: the final supersedes it), a partial is due,
-        or the stream is done. Audio wakes the pump only then: woken for every 100 ms chunk,
-        it ran ten times a second per stream to find nothing to do."""
+        is due (also while a partial is in flight: the final supersedes it), the decode in
+        flight is superseded, an early final or a partial is due, or the stream is done. Audio
+        wakes the pump only then: woken for every 100 ms chunk, it ran ten times a second per
+        stream to find nothing to do."""
         if self._closed or self.done:
             return True
-        return self._in_flight is None and self._partial_due()
+        if self._in_flight is not None:
+            return self.superseded(self._in_flight)
+        return self._early_final_due() is not None or self._partial_due()
 
     def take_messages(self) -> list[ServerMessage]:
         out, self._outbox = self._outbox, []
@@ -343,6 +372,7 @@ class StreamSession:
                 self._outbox.append(SpeechStarted(start_ms=samples_to_ms(event.start_sample)))
             elif isinstance(event, UtteranceEnd) and self._open is not None:
                 self._open.end_sample = event.end_sample
+                self._open.decode_end_sample = event.decode_end_sample
                 self._closed.append(self._open)
                 self._open = None
                 self._outbox.append(SpeechStopped(end_ms=samples_to_ms(event.end_sample)))
@@ -352,11 +382,24 @@ class StreamSession:
         """Audio an utterance needs before its language is decided (see StreamConfig)."""
         return self._detect_hinted_samples if self._language else self._detect_samples
 
+    def _early_final_due(self) -> int | None:
+        """The audio end of the early final to ask for now: the open utterance has been silent
+        for `final_tail_ms` and none was asked for this pause yet (see the module docstring)."""
+        utt = self._open
+        if utt is None or not self._early_finals or self._closed:
+            return None
+        pause_sample = self._segmenter.pause_sample
+        if pause_sample is None or pause_sample == utt.early_end_sample:
+            return None
+        return pause_sample
+
     def _partial_due(self) -> bool:
         """The open utterance (if any) is due for a partial."""
         utt = self._open
         if utt is None or not self._partials:
             return False
+        if self._segmenter.pause_sample is not None:
+            return False  # the speaker paused: the (early) final is under way
         end = self._buffer.end_sample
         if end - utt.start_sample > self._partial_limit_samples:
             return False
@@ -472,9 +515,31 @@ class StreamSession:
             )
         )
 
+    def _take_final(self, utt: _Utterance | None, request: DecodeRequest, text: str) -> None:
+        """A final decode's text: the final of its ended utterance when it decoded that
+        utterance's audio; an early final's, kept while the speaker is still silent; else
+        (the speaker went on after an early final) nothing."""
+        if utt is None:
+            return
+        if utt is self._open:
+            if self._segmenter.pause_sample == request.end_sample:
+                utt.early = (request, text)
+        elif request.end_sample == utt.decode_end_sample:
+            self._finish(self._closed.popleft(), request, decoded=text)
+
+    def _finish_answered(self) -> None:
+        """Send the final of each ended utterance whose early final decoded its audio."""
+        while self._closed and (early := self._closed[0].early) is not None:
+            request, text = early
+            if request.end_sample != self._closed[0].decode_end_sample:
+                break
+            self._finish(self._closed.popleft(), request, decoded=text)
+        self._maybe_done()
+
     def _finish(self, utt: _Utterance, request: DecodeRequest, decoded: str) -> None:
         """Send the utterance's final: its stable words, then the decode's words after them;
         the decode's own text is what later decodes continue from."""
+        assert utt.end_sample is not None
         text = keep_stable(request.stable_words, decoded)
         # An utterance that showed nothing and decoded to nothing leaves no trace; one that
         # showed partials always gets its one final, possibly empty, so clients clear it.
@@ -483,7 +548,7 @@ class StreamSession:
                 Final(
                     segment=self._segment_of(utt),
                     start_ms=samples_to_ms(request.start_sample),
-                    end_ms=samples_to_ms(request.end_sample),
+                    end_ms=samples_to_ms(utt.end_sample),
                     text=text,
                     language=utt.language,
                 )

@@ -45,7 +45,8 @@ class UtteranceStart:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UtteranceEnd:
-    end_sample: int
+    end_sample: int  # with the trailing silence that ended it
+    decode_end_sample: int  # where its final's decode ends (see VadSegmenter)
 
 
 VadEvent = UtteranceStart | UtteranceEnd
@@ -69,8 +70,9 @@ class VadSegmenter:
     whichever is earlier (never before the previous utterance's end).
     End: `endpoint_silence_ms` of unvoiced frames, or `long_endpoint_silence_ms` once the
     utterance is `long_utterance_s` long (continuous speech is better ended at a short pause
-    than cut at the cap); the utterance keeps that trailing silence, which Whisper decodes
-    better than a hard cut. Cap: at `max_utterance_s` the utterance is cut
+    than cut at the cap). Its final decodes `final_tail_ms` of that silence at most, which
+    Whisper decodes better than a hard cut; `pause_sample` tells when that much has come, so
+    the final's decode can start before the endpoint. Cap: at `max_utterance_s` the utterance is cut
     at the quietest frame of the last `cut_search_s`, so no word is split and every decode fits
     one 30 s Whisper window.
     """
@@ -90,6 +92,7 @@ class VadSegmenter:
         self._endpoint_frames = max(1, vad_config.endpoint_silence_ms // FRAME_MS)
         self._long_samples = ms_to_samples(vad_config.long_utterance_s * 1000)
         self._long_endpoint_frames = max(1, vad_config.long_endpoint_silence_ms // FRAME_MS)
+        self._tail_frames = max(1, vad_config.final_tail_ms // FRAME_MS)
         self._max_samples = ms_to_samples(stream_config.max_utterance_s * 1000)
         self._cut_search_frames = max(1, int(stream_config.cut_search_s * 1000) // FRAME_MS)
         self._window: deque[bool] = deque(maxlen=self._window_frames)
@@ -100,6 +103,8 @@ class VadSegmenter:
         self._onset_sample: int | None = None
         self._lookback_samples = ms_to_samples(_ONSET_LOOKBACK_MS)
         self._silent_frames = 0
+        # The end of the open utterance's last voiced frame (where it opened, before any).
+        self._voiced_end_sample = start_sample
         # (frame start sample, dBFS) of the open utterance's recent frames, for the cap's cut.
         self._recent: deque[tuple[int, float]] = deque(maxlen=self._cut_search_frames)
 
@@ -110,6 +115,14 @@ class VadSegmenter:
     @property
     def utterance_start_sample(self) -> int | None:
         return self._start_sample
+
+    @property
+    def pause_sample(self) -> int | None:
+        """Where the open utterance's final decode ends if no speech comes before its endpoint,
+        once it has been silent that long (`final_tail_ms`); None while it is not."""
+        if self._start_sample is None or self._silent_frames < self._tail_frames:
+            return None
+        return self._decode_end_sample()
 
     def push(self, frames: Pcm16) -> Iterator[VadEvent]:
         """Feed the next 30 ms frames: one, or every whole frame of a chunk. Levels are
@@ -152,7 +165,11 @@ class VadSegmenter:
                 yield UtteranceStart(start_sample=start, speech_start_sample=speech)
             return
         self._recent.append((frame_start, level_dbfs))
-        self._silent_frames = 0 if voiced else self._silent_frames + 1
+        if voiced:
+            self._silent_frames = 0
+            self._voiced_end_sample = frame_end
+        else:
+            self._silent_frames += 1
         length_samples = frame_end - self._start_sample
         endpoint_frames = (
             self._long_endpoint_frames
@@ -175,14 +192,19 @@ class VadSegmenter:
     def _open(self, start_sample: int) -> None:
         self._start_sample = start_sample
         self._silent_frames = 0
+        self._voiced_end_sample = self._next_frame_sample
         self._recent.clear()
 
+    def _decode_end_sample(self) -> int:
+        return self._voiced_end_sample + self._tail_frames * FRAME_SAMPLES
+
     def _close(self, end_sample: int) -> UtteranceEnd:
+        decode_end = min(end_sample, self._decode_end_sample())
         self._start_sample = None
         self._last_end_sample = end_sample
         self._window.clear()
         self._onset_sample = None
-        return UtteranceEnd(end_sample=end_sample)
+        return UtteranceEnd(end_sample=end_sample, decode_end_sample=decode_end)
 
     def _quietest_cut(self) -> int:
         frame_start, _ = min(self._recent, key=lambda item: item[1])
