@@ -105,6 +105,7 @@ class _Pump:
         self.delivered: list[ServerMessage] = []
         self.wake = asyncio.Event()
         self.hold: set[DecodeKind] = set()
+        self.task: asyncio.Future[None] | None = None
         self._engine = FakeEngine()
 
     async def submit(self, request: DecodeRequest) -> EngineResult:
@@ -130,6 +131,21 @@ class _Pump:
             for _ in range(20):  # let the pump act on it, as the event loop would between chunks
                 await asyncio.sleep(0)
 
+    async def speak(self) -> None:
+        """Start the pump, then feed every test's utterance: 0.5 s of silence, 1.5 s of tone."""
+        self.task = asyncio.ensure_future(
+            drive_session(self.session, self.submit, self.wake, self.deliver)
+        )
+        await self.feed(0.5, 0.0)
+        await self.feed(1.5, 0.1)
+
+    async def end(self) -> None:
+        """Send `end`, let the pump finish, and deliver as the connection does after it."""
+        self.session.receive_control(Control.END)
+        self.wake.set()
+        await asyncio.wait_for(self.task, _GUARD_S)
+        await self.deliver()
+
     def finals(self) -> list[Final]:
         return [m for m in self.delivered if isinstance(m, Final)]
 
@@ -142,20 +158,13 @@ class _LevelVad:
 def test_the_pump_sends_a_final_its_early_final_answered_without_another_decode() -> None:
     async def run() -> _Pump:
         pump = _Pump()
-        task = asyncio.ensure_future(
-            drive_session(pump.session, pump.submit, pump.wake, pump.deliver)
-        )
-        await pump.feed(0.5, 0.0)
-        await pump.feed(1.5, 0.1)
+        await pump.speak()
         await pump.feed(0.4, 0.0)  # the final's tail: its decode is asked for
         assert [r.kind for r in pump.asked].count(DecodeKind.FINAL) == 1
         assert not pump.finals()
         await pump.feed(0.2, 0.0)  # the endpoint: the final goes out at once
         assert len(pump.finals()) == 1
-        pump.session.receive_control(Control.END)
-        pump.wake.set()
-        await asyncio.wait_for(task, _GUARD_S)
-        await pump.deliver()  # as the connection does once the pump is done
+        await pump.end()
         return pump
 
     pump = asyncio.run(run())
@@ -166,11 +175,7 @@ def test_the_pump_sends_a_final_its_early_final_answered_without_another_decode(
 def test_the_pump_withdraws_an_early_final_when_the_speaker_goes_on() -> None:
     async def run() -> _Pump:
         pump = _Pump()
-        task = asyncio.ensure_future(
-            drive_session(pump.session, pump.submit, pump.wake, pump.deliver)
-        )
-        await pump.feed(0.5, 0.0)
-        await pump.feed(1.5, 0.1)
+        await pump.speak()
         pump.hold = {DecodeKind.FINAL}  # the engine is busy: the early final waits in the queue
         await pump.feed(0.4, 0.0)
         (early,) = [r for r in pump.asked if r.kind is DecodeKind.FINAL]
@@ -179,10 +184,7 @@ def test_the_pump_withdraws_an_early_final_when_the_speaker_goes_on() -> None:
         pump.hold = set()
         await pump.feed(1.0, 0.1)
         await pump.feed(1.0, 0.0)
-        pump.session.receive_control(Control.END)
-        pump.wake.set()
-        await asyncio.wait_for(task, _GUARD_S)
-        await pump.deliver()  # as the connection does once the pump is done
+        await pump.end()
         return pump
 
     pump = asyncio.run(run())
@@ -194,11 +196,7 @@ def test_the_pump_withdraws_an_early_final_when_the_speaker_goes_on() -> None:
 def test_a_final_an_early_final_answered_goes_before_the_next_decode_ends() -> None:
     async def run() -> None:
         pump = _Pump()
-        task = asyncio.ensure_future(
-            drive_session(pump.session, pump.submit, pump.wake, pump.deliver)
-        )
-        await pump.feed(0.5, 0.0)
-        await pump.feed(1.5, 0.1)
+        await pump.speak()
         await pump.feed(0.4, 0.0)  # the early final is asked for and answered
         assert not pump.finals()
         # The endpoint and the next utterance arrive before the pump looks again: it has the
@@ -212,8 +210,9 @@ def test_a_final_an_early_final_answered_goes_before_the_next_decode_ends() -> N
             await asyncio.sleep(0)
         assert pump.asked[-1].kind is DecodeKind.PARTIAL
         assert len(pump.finals()) == 1  # sent while the partial is still being decoded
-        task.cancel()
+        assert pump.task is not None
+        pump.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await task
+            await pump.task
 
     asyncio.run(run())

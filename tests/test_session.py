@@ -250,6 +250,15 @@ def finals_asked(driver: Driver) -> list[DecodeRequest]:
     return [r for r in driver.requests if r.kind is DecodeKind.FINAL]
 
 
+def ask_early_final(session: StreamSession) -> DecodeRequest:
+    """Feed the tone and the tail without a pump, and take the early final the session asks."""
+    for samples in (silence(0.5), tone(1.5), silence(0.4)):
+        session.receive_audio(s16(samples))
+    early = session.next_request()
+    assert early is not None and early.kind is DecodeKind.FINAL
+    return early
+
+
 def test_an_early_final_is_the_final_when_the_endpoint_follows() -> None:
     """The final's decode starts at the tail, before the endpoint, and is not repeated."""
     driver = Driver(vad=EARLY)
@@ -288,10 +297,7 @@ def test_speech_after_an_early_final_drops_it() -> None:
 def test_an_early_final_in_flight_is_superseded_when_speech_resumes() -> None:
     driver = Driver(vad=EARLY)
     session = driver.session
-    for samples in (silence(0.5), tone(1.5), silence(0.4)):
-        session.receive_audio(s16(samples))
-    early = session.next_request()
-    assert early is not None and early.kind is DecodeKind.FINAL
+    early = ask_early_final(session)
     assert not session.superseded(early)
     session.receive_audio(s16(silence(0.03)))  # more silence: still the same pause
     assert not session.superseded(early) and not session.needs_pump
@@ -305,10 +311,7 @@ def test_an_early_final_in_flight_is_superseded_when_speech_resumes() -> None:
 def test_the_endpoint_while_an_early_final_is_in_flight_waits_for_it() -> None:
     driver = Driver(vad=EARLY)
     session = driver.session
-    for samples in (silence(0.5), tone(1.5), silence(0.4)):
-        session.receive_audio(s16(samples))
-    early = session.next_request()
-    assert early is not None and early.kind is DecodeKind.FINAL
+    early = ask_early_final(session)
     session.receive_audio(s16(silence(0.6)))  # the endpoint
     assert not session.superseded(early)
     assert session.next_request() is None  # the early final is the final: no second decode
