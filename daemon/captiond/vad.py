@@ -72,9 +72,9 @@ class VadSegmenter:
     utterance is `long_utterance_s` long (continuous speech is better ended at a short pause
     than cut at the cap). Its final decodes `final_tail_ms` of that silence at most, which
     Whisper decodes better than a hard cut; `pause_sample` tells when that much has come, so
-    the final's decode can start before the endpoint. Cap: at `max_utterance_s` the utterance is cut
-    at the quietest frame of the last `cut_search_s`, so no word is split and every decode fits
-    one 30 s Whisper window.
+    the final's decode can start before the endpoint. Cap: at `max_utterance_s` the utterance
+    is cut at the quietest frame of the last `cut_search_s`, so no word is split and every
+    decode fits one 30 s Whisper window.
     """
 
     def __init__(
