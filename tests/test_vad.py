@@ -221,10 +221,11 @@ def test_pause_sample_marks_the_final_tail_until_speech_resumes_or_the_endpoint(
     seg = segmenter(ScriptedVad([True] * 20 + [False] * TAIL + [True] * 5 + [False] * ENDPOINT))
     feed(seg, [tone_frame()] * (20 + TAIL - 1))
     assert seg.pause_sample is None  # one frame short of the tail
+    assert seg.silent_samples == (TAIL - 1) * FS
     feed(seg, [tone_frame()])
     assert seg.pause_sample == (20 + TAIL) * FS
     feed(seg, [tone_frame()])
-    assert seg.pause_sample is None  # the speaker went on
+    assert seg.pause_sample is None and seg.silent_samples == 0  # the speaker went on
     events = feed(seg, [tone_frame()] * (4 + ENDPOINT - 1))
     assert events == []
     pause = (20 + TAIL + 5 + TAIL) * FS
@@ -232,7 +233,7 @@ def test_pause_sample_marks_the_final_tail_until_speech_resumes_or_the_endpoint(
     events = feed(seg, [tone_frame()])
     end = (20 + TAIL + 5 + ENDPOINT) * FS
     assert events == [(0, UtteranceEnd(end_sample=end, decode_end_sample=pause))]
-    assert not seg.in_utterance and seg.pause_sample is None
+    assert not seg.in_utterance and seg.pause_sample is None and seg.silent_samples == 0
 
 
 def test_a_tail_as_long_as_the_endpoint_never_pauses() -> None:

@@ -66,6 +66,11 @@ _KEEP_BEHIND_MS = 2_000
 # What a partial asks the speech gate to look at: its newest audio, not the whole utterance
 # again (the final of an utterance that never showed speech looks at all of it).
 _PARTIAL_GATE_MS = 3_000
+# Silence after which an open utterance gets no more partials: it adds no word, and a partial
+# asked later in the pause would still be decoding when the early final falls due, and hold it
+# up (on the CPU a partial takes 100-300 ms; partials come every 500 ms of audio, so about
+# every other pause met one).
+_PAUSE_MS = 150
 # Audio an utterance's language is detected on once the session has a language to fall back
 # on (`language_detect_s` before that).
 _HINTED_DETECT_MS = 1_000
@@ -147,6 +152,7 @@ class StreamSession:
         self._framer = Framer()
         self._segmenter = VadSegmenter(vad, config.vad, config.stream, origin.start_sample)
         self._partial_interval_samples = ms_to_samples(config.stream.partial_interval_ms)
+        self._pause_samples = ms_to_samples(min(_PAUSE_MS, config.vad.final_tail_ms))
         # Partials stop where a capped utterance may be cut (vad.py: the quietest frame of the
         # last `cut_search_s`): a word stabilised beyond the cut would belong to the next
         # segment, and its final would either contradict it or repeat it.
@@ -398,8 +404,8 @@ class StreamSession:
         utt = self._open
         if utt is None or not self._partials:
             return False
-        if self._segmenter.pause_sample is not None:
-            return False  # the speaker paused: the (early) final is under way
+        if self._segmenter.silent_samples >= self._pause_samples:
+            return False  # the speaker paused: the early final is near (see _PAUSE_MS)
         end = self._buffer.end_sample
         if end - utt.start_sample > self._partial_limit_samples:
             return False

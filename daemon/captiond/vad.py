@@ -117,6 +117,11 @@ class VadSegmenter:
         return self._start_sample
 
     @property
+    def silent_samples(self) -> int:
+        """Unvoiced audio at the end of the open utterance (0 while none is open)."""
+        return 0 if self._start_sample is None else self._silent_frames * FRAME_SAMPLES
+
+    @property
     def pause_sample(self) -> int | None:
         """Where the open utterance's final decode ends if no speech comes before its endpoint,
         once it has been silent that long (`final_tail_ms`); None while it is not."""
