@@ -68,8 +68,8 @@ _KEEP_BEHIND_MS = 2_000
 _PARTIAL_GATE_MS = 3_000
 # Silence after which an open utterance gets no more partials: it adds no word, and a partial
 # asked later in the pause would still be decoding when the early final falls due, and hold it
-# up (on the CPU a partial takes 100-300 ms; partials come every 500 ms of audio, so about
-# every other pause met one).
+# up (on the CPU a partial takes 100-300 ms and partials come every 500 ms of audio, so a
+# pause often met one).
 _PAUSE_MS = 150
 # Audio an utterance's language is detected on once the session has a language to fall back
 # on (`language_detect_s` before that).
