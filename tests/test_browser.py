@@ -415,6 +415,27 @@ def test_reconnect_policy(browser: str) -> None:
     assert high == (625, 1250, 2500, 5000, 10000, 12500, 12500)
 
 
+def test_caption_text_joins_without_spaces_in_scripts_written_without_them(browser: str) -> None:
+    """The live line's stable and unstable parts, and consecutive finals in caption mode: a
+    space between words, none inside a Japanese or Chinese sentence."""
+    script = """import('/transcript.js').then(({ joinText }) => [
+        ['病気のため彼', 'はその'], ['保术,', '我们'], ['And so', 'my fellow'], ['Tokyo', '東京'],
+        ['できなかった。', '次は'], ['Hello ', 'world'], ['', 'はい'], ['はい', ''],
+        ['مرحبا', 'بالعالم'],
+    ].map(([a, b]) => joinText(a, b)))"""
+    assert asyncio.run(run_in_page(browser, script)) == [
+        "病気のため彼はその",
+        "保术,我们",
+        "And so my fellow",
+        "Tokyo 東京",
+        "できなかった。次は",
+        "Hello world",
+        "はい",
+        "はい",
+        "مرحبا بالعالم",
+    ]
+
+
 def test_audio_buffer_keeps_the_newest_and_resends_from_a_byte(browser: str) -> None:
     script = """import('/capture.js').then(({ PcmBuffer }) => {
         const buffer = new PcmBuffer(8);  // 8 bytes kept

@@ -10,6 +10,7 @@ import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Final, cast
 
 import numpy as np
@@ -34,7 +35,9 @@ from openai.types.realtime import SessionCreatedEvent
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
+from captiond import protocol
 from captiond.config import Config
+from captiond.dialects.openai_realtime import OpenAIRealtimeDialect
 from captiond.engines import Engine, EngineRequest, EngineResult, load_engine
 from captiond.engines.fake import FakeEngine
 
@@ -211,6 +214,25 @@ def test_deltas_add_up_to_each_final(engine: Engine, jfk_24k: np.ndarray) -> Non
 
     events = asyncio.run(main())
     check_items(events)
+
+
+def test_deltas_add_up_to_the_final_in_a_script_without_spaces() -> None:
+    """Japanese stable text grows by characters, with no space to split words on: each delta
+    is what the stable text added, and together they are the final."""
+    dialect = OpenAIRealtimeDialect({"intent": "transcription"})
+    dialect.stream_params("ja")
+    rendered: list[str] = []
+    for rev, stable in enumerate(["", "病気のた", "病気のため彼", "病気のため彼はその"], 1):
+        partial = protocol.Partial(
+            segment=0, rev=rev, start_ms=0, end_ms=rev * 500, stable=stable, unstable="会合に"
+        )
+        rendered += dialect.render(partial)
+    text = "病気のため彼はその会合に出席できなかった。"
+    rendered += dialect.render(protocol.Final(segment=0, start_ms=0, end_ms=3_000, text=text))
+    events = [SimpleNamespace(**json.loads(r)) for r in rendered]
+    check_items(events, speech_events=False)
+    deltas = [e.delta for e in events if e.type == DELTA]
+    assert deltas == ["病気のた", "め彼", "はその", "会合に出席できなかった。"]
 
 
 # -- the fake engine: protocol behaviour --------------------------------------------------------

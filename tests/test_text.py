@@ -1,7 +1,11 @@
-"""Text units for every script (text.py), and stable text on them (stabilize.py): Chinese and
-Japanese have no spaces, Arabic is written right to left with spaces."""
+"""Text units for every script (text.py), stable text on them (stabilize.py), and the terminal
+client's partial line: Chinese and Japanese have no spaces, Arabic is written right to left with
+spaces."""
 
 from __future__ import annotations
+
+import io
+import re
 
 import pytest
 from hypothesis import given
@@ -9,6 +13,7 @@ from hypothesis import strategies as st
 
 from captiond.stabilize import LocalAgreement, keep_stable
 from captiond.text import has_word, join_units, units
+from captiond_client.display import CaptionPrinter
 
 
 @pytest.mark.parametrize(
@@ -33,10 +38,21 @@ def test_units(text: str, expected: list[str]) -> None:
         ("Tokyo 東京 is big", "Tokyo 東京 is big"),
         ("مرحبا بالعالم", "مرحبا بالعالم"),
         ("  two   spaces  ", "two spaces"),
+        # As Whisper wrote them: no space added next to digits, Latin or ASCII punctuation.
+        ("加進38年登建式", "加進38年登建式"),
+        ("我用Python写", "我用Python写"),
+        ("對於更高階的保術,我們可以", "對於更高階的保術,我們可以"),
+        ("2020年に東京で", "2020年に東京で"),
+        ("(日本)と", "(日本)と"),
     ],
 )
 def test_join_units(text: str, joined: str) -> None:
     assert join_units(units(text)) == joined
+
+
+@given(st.text(alphabet=st.sampled_from([*"ab1.,(", "日", "本", "。", "م", "ر"]), max_size=30))
+def test_text_without_spaces_comes_back_as_written(text: str) -> None:
+    assert join_units(units(text)) == text
 
 
 @given(st.text(alphabet=st.sampled_from([*"ab .,", "日", "本", "。", "م", "ر"]), max_size=30))
@@ -59,6 +75,9 @@ def test_japanese_partials_stabilise_character_by_character() -> None:
 def test_a_chinese_final_keeps_the_stable_characters() -> None:
     stable = tuple("甚至出现交易")
     assert keep_stable(stable, "甚至出现交意几乎停滞的情况") == "甚至出现交易几乎停滞的情况"
+    # Digits and Latin letters inside the sentence stay as Whisper wrote them.
+    assert keep_stable(tuple("加進"), "加近38年登建式") == "加進38年登建式"
+    assert keep_stable(tuple("我用"), "我用Python写") == "我用Python写"
 
 
 @pytest.mark.parametrize(
@@ -75,3 +94,26 @@ def test_a_chinese_final_keeps_the_stable_characters() -> None:
 )
 def test_has_word_in_any_script(text: str, expected: bool) -> None:
     assert has_word(text) is expected
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("stable", "unstable", "shown"),
+    [
+        ("And so", "my fellow", "And so my fellow"),
+        ("病気のため彼", "はその", "病気のため彼はその"),
+        ("できなかった。", "次は", "できなかった。次は"),
+        ("Tokyo", "東京", "Tokyo 東京"),
+        ("", "はい", "はい"),
+    ],
+)
+def test_the_terminal_client_joins_a_partial_as_its_script_is_written(
+    stable: str, unstable: str, shown: str
+) -> None:
+    out = _Terminal()
+    CaptionPrinter(out)({"type": "partial", "stable": stable, "unstable": unstable})
+    assert re.sub(r"\x1b\[[0-9;]*[A-Za-z]|\r", "", out.getvalue()) == shown

@@ -6,7 +6,7 @@
 // (for a room screen) rolls the newest few lines in a box of fixed height: CSS keeps only
 // its bottom lines, so this file only has to keep enough recent text in it.
 
-import { Transcript, formatClock } from "./transcript.js";
+import { Transcript, formatClock, joinText } from "./transcript.js";
 
 // Recent finals kept in the caption box: more than its largest lines-worth of text.
 const CAPTION_FINALS = 6;
@@ -77,8 +77,8 @@ export class CaptionView {
   }
 
   setLive(stable, unstable) {
-    // A space between the parts unless the stable text already ends with one.
-    const tail = stable && unstable && !/\s$/.test(stable) ? ` ${unstable}` : unstable;
+    // The unstable tail with the space that joins it to the stable text, if one belongs there.
+    const tail = joinText(stable, unstable).slice(stable.length);
     this.keepScrolled(() => {
       for (const line of [this.live, this.captionBox.querySelector(".now")]) {
         line.querySelector(".stable").textContent = stable;
@@ -90,7 +90,7 @@ export class CaptionView {
 
   renderCaptions() {
     const recent = this.transcript.entries.slice(-CAPTION_FINALS);
-    this.captionBox.querySelector(".said").textContent = recent.map((entry) => entry.text).join(" ");
+    this.captionBox.querySelector(".said").textContent = recent.map((entry) => entry.text).reduce(joinText, "");
   }
 
   item(entry) {

@@ -23,6 +23,18 @@ export function formatVttTime(ms) {
   return `${pad(h, 2)}:${pad(m, 2)}:${pad(s, 2)}.${pad(ms % 1000, 3)}`;
 }
 
+// Scripts written without spaces between words (as daemon/captiond/text.py lists them).
+const NO_SPACE = /[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u2e80-\u2fdf\u3000-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef\u{20000}-\u{3ffff}]/u;
+
+// Two pieces of caption text as one: a space between them, as between words, except where both
+// sides are characters of a script without spaces (whatever punctuation ends the first):
+// Japanese stable "病気のため彼" and unstable "はその" read as one sentence.
+export function joinText(first, second) {
+  if (!first || !second || /\s$/.test(first) || /^\s/.test(second)) return first + second;
+  const last = [...first.replace(/\p{P}+$/u, "")].pop() ?? "";
+  return NO_SPACE.test(last) && NO_SPACE.test([...second][0]) ? first + second : `${first} ${second}`;
+}
+
 export class Transcript {
   // `storageKey`: where the transcript survives a reload (null: kept in memory only).
   constructor(storageKey = null) {

@@ -4,8 +4,9 @@ Stable text, forced prefixes and word counts work on units. Splitting on spaces 
 scripts that separate words (Latin, Cyrillic, Greek, Arabic, Hebrew, Hangul, …) and wrong for
 Chinese, Japanese and Thai, where a sentence has no spaces: there every character is a unit, so
 LocalAgreement can agree on a growing prefix of a Japanese sentence as it does on English words.
-Punctuation stays attached to the unit before it. `join_units` is the inverse: a space between
-two units unless both sides are characters of such a script.
+Punctuation stays attached to the unit before it. `join_units` is the inverse: it gives back the
+text as written ("2020年", "我用Python写", "保术,我们" keep their lack of spaces), except that a
+stray space between two characters of such a script goes.
 """
 
 from __future__ import annotations
@@ -46,33 +47,65 @@ def has_word(text: str) -> bool:
     return any(char.isalnum() for char in text)
 
 
+class Unit(str):
+    """A text unit that remembers whether it was written right after the one before it, with no
+    space between ("38" in "加进38年"): `join_units` then writes it back the same way. It is a
+    str, so comparing and normalising units is unchanged."""
+
+    glued = False
+
+
+def _unit(text: str, glued: bool) -> str:
+    if not glued:
+        return text
+    unit = Unit(text)
+    unit.glued = True
+    return unit
+
+
 def units(text: str) -> list[str]:
     """Words, with every character of a no-space script a unit of its own."""
     if text.isascii():
         return text.split()  # the engine thread's hot path: every word of every partial
     out: list[str] = []
     for token in text.split():
+        # (text, glued) per unit of this token: all but its first follow without a space.
+        parts: list[tuple[str, bool]] = []
         word = ""
         for char in token:
             if _no_space(char) and not _punctuation(char):
                 if word:
-                    out.append(word)
+                    parts.append((word, bool(parts)))
                 word = ""
-                out.append(char)
-            elif _punctuation(char) and not word and out and _no_space(out[-1][-1]):
-                out[-1] += char  # "。" after a character belongs to it
+                parts.append((char, bool(parts)))
+            elif _punctuation(char) and not word and parts and _no_space(parts[-1][0][-1]):
+                parts[-1] = (parts[-1][0] + char, parts[-1][1])  # "。" after a character
             else:
                 word += char
         if word:
-            out.append(word)
+            parts.append((word, bool(parts)))
+        out += [_unit(part, glued) for part, glued in parts]
     return out
 
 
+def _last_letter(text: str) -> str:
+    """The last character of `text` that is not punctuation ("术" of "术,"), else its last."""
+    for char in reversed(text):
+        if not _punctuation(char):
+            return char
+    return text[-1]
+
+
 def join_units(parts: Sequence[str]) -> str:
-    """Units back into text: spaces between words, none between no-space characters."""
+    """Units back into text: a space between words, none before a unit that was written glued
+    to the one before it, none between two characters of a no-space script (whatever
+    punctuation follows the first: "保术," + "我们")."""
     text = ""
     for part in parts:
-        if text and not (_no_space(text[-1]) and _no_space(part[0])):
+        glued = getattr(part, "glued", False) or (
+            bool(text) and _no_space(_last_letter(text)) and _no_space(part[0])
+        )
+        if text and not glued:
             text += " "
         text += part
     return text

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import unicodedata
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -44,12 +45,13 @@ class CaptionPrinter:
 
     def _show_partial(self, stable: str, unstable: str) -> None:
         width = shutil.get_terminal_size().columns - 1
-        text = f"{stable} {unstable}".strip()
+        space = " " if stable and unstable and not _one_word(stable, unstable) else ""
+        text = f"{stable}{space}{unstable}"
         # Keep the newest words visible: trim from the left when the line is too long.
         overflow = max(0, len(text) - width)
         stable_shown = stable[overflow:] if overflow < len(stable) else ""
-        unstable_shown = unstable[max(0, overflow - len(stable) - 1) :]
-        line = f"{BOLD}{stable_shown}{RESET} {DIM}{unstable_shown}{RESET}"
+        unstable_shown = unstable[max(0, overflow - len(stable) - len(space)) :]
+        line = f"{BOLD}{stable_shown}{RESET}{space}{DIM}{unstable_shown}{RESET}"
         print(f"{CLEAR_LINE}{line}", end="", file=self._out, flush=True)
         self._partial_shown = True
 
@@ -57,6 +59,14 @@ class CaptionPrinter:
         if self._partial_shown and self._tty:
             print(CLEAR_LINE, end="", file=self._out, flush=True)
             self._partial_shown = False
+
+
+def _one_word(first: str, second: str) -> bool:
+    """Whether two pieces of text join without a space: both sides wide (Chinese, Japanese)
+    characters, whatever punctuation ends the first ("病気のため彼" + "はその")."""
+    letters = [c for c in first if not unicodedata.category(c).startswith("P")]
+    last = letters[-1] if letters else first[-1]
+    return all(unicodedata.east_asian_width(c) in "WF" for c in (last, second[0]))
 
 
 def format_clock(ms: int, sep: str = ".") -> str:

@@ -99,7 +99,7 @@ class OpenAIRealtimeDialect:
         self._odd_byte = b""  # half a sample: appends need not split audio on samples
         self._open_start_ms = 0  # the utterance speech_stopped ends
         self._last_item: str | None = None  # the item committed last
-        self._sent: dict[int, list[str]] = {}  # per open segment: its words sent as deltas
+        self._sent: dict[int, str] = {}  # per open segment: its text sent as deltas so far
 
     def stream_params(self, default_language: str) -> StreamParams:
         if self._intent != "transcription":
@@ -183,7 +183,7 @@ class OpenAIRealtimeDialect:
         if isinstance(message, SpeechStopped):
             return self._speech("input_audio_buffer.speech_stopped", audio_end_ms=message.end_ms)
         if isinstance(message, Partial):
-            return self._deltas(message.segment, message.start_ms, message.stable.split())
+            return self._deltas(message.segment, message.start_ms, message.stable)
         if isinstance(message, Final):
             return self._final(message)
         if isinstance(message, Error):
@@ -195,14 +195,16 @@ class OpenAIRealtimeDialect:
             return []  # OpenAI sends speech events in server_vad mode only
         return [self._event(kind, **at_ms, item_id=self._item(self._open_start_ms))]
 
-    def _deltas(self, segment: int, start_ms: int, words: list[str]) -> list[str]:
-        """The words of `words` not yet sent for `segment`, as one delta (none if `words` do
-        not extend what was sent: a delta cannot be taken back)."""
-        sent = self._sent.setdefault(segment, [])
-        if len(words) <= len(sent) or words[: len(sent)] != sent:
+    def _deltas(self, segment: int, start_ms: int, text: str) -> list[str]:
+        """What `text` adds to the text sent for `segment`, as one delta (none if it does not
+        extend it: a delta cannot be taken back). Stable text only grows and the final starts
+        with it, so the deltas add up to the final in every script (Japanese stable text grows
+        by characters, with no space to split words on)."""
+        sent = self._sent.get(segment, "")
+        if len(text) <= len(sent) or not text.startswith(sent):
             return []
-        delta = (" " if sent else "") + " ".join(words[len(sent) :])
-        sent[:] = words
+        delta = text[len(sent) :]
+        self._sent[segment] = text
         item = self._item(start_ms)
         return [self._event(_DELTA, item_id=item, content_index=0, delta=delta)]
 
@@ -212,8 +214,8 @@ class OpenAIRealtimeDialect:
             "input_audio_buffer.committed", item_id=item, previous_item_id=self._last_item
         )
         self._last_item = item
-        deltas = self._deltas(final.segment, final.start_ms, final.text.split())
-        del self._sent[final.segment]
+        deltas = self._deltas(final.segment, final.start_ms, final.text)
+        self._sent.pop(final.segment, None)
         completed = self._event(
             "conversation.item.input_audio_transcription.completed",
             item_id=item,
