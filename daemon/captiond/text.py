@@ -103,7 +103,7 @@ def join_units(parts: Sequence[str]) -> str:
     text = ""
     for part in parts:
         glued = getattr(part, "glued", False) or (
-            bool(text) and _no_space(_last_letter(text)) and _no_space(part[0])
+            bool(text) and _no_space(part[0]) and _no_space(_last_letter(text))
         )
         if text and not glued:
             text += " "

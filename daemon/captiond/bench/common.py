@@ -65,6 +65,7 @@ class Clip:
     text: str
     ref_quality: str
     samples: npt.NDArray[np.float32]
+    language: str = "en"  # the manifest's `language` (../shared/speech has none: English)
 
     @property
     def duration_s(self) -> float:
@@ -125,6 +126,7 @@ def load_clips(manifest: Path, spec: str, max_s: float | None) -> list[Clip]:
                 text=e["text"],
                 ref_quality="exact" if exact else "approximate",
                 samples=samples,
+                language=e.get("language", "en"),
             )
         )
     return clips

@@ -11,7 +11,10 @@ twice too, with the language given and detected (faster-whisper's own detection 
 first 30 s), so each stream is compared like with like. Reported per language: the pooled WER
 (CER for languages without spaces) of the four; `gap_points` (language given) and
 `gap_auto_points` (detected, against whole-file detected). `gap_auto_vs_given_points` adds the
-cost of identification: detected against whole-file given.
+cost of identification: detected against whole-file given. A third whole-file decode, language
+given, without timestamp tokens (as captiond decodes), shows how far the reference itself moves
+with its decoding mode alone (`whole_file_text_only`): a group of a few short clips moves by
+whole words.
 
     captiond bench languages --manifest ../shared/speech-multi/manifest.jsonl --model base \\
         --speed 4 --out bench/results
@@ -87,33 +90,41 @@ async def _stream_all(
 
 def _whole_file(
     env: common.BenchEnv, languages: dict[str, str]
-) -> tuple[dict[str, str], dict[str, str]]:
-    """faster-whisper on every whole clip with its language given, and detected."""
+) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """faster-whisper on every whole clip with its language given, detected, and given without
+    timestamp tokens."""
     from captiond.engines.faster_whisper import transcribe_whole_file
 
     engine = resolve_engine_config(env.config.engine)
     on_cpu = engine.name == "faster-whisper" and engine.device == "cpu"
     model = resolve_model(env.config.engine.model)
-    progress = Progress("whole-file", 2 * len(env.clips))
+    progress = Progress("whole-file", 3 * len(env.clips))
     given: dict[str, str] = {}
     auto: dict[str, str] = {}
+    text_only: dict[str, str] = {}
     for clip in env.clips:
-        for texts, language in ((given, languages[clip.id]), (auto, None)):
+        language = languages[clip.id]
+        for texts, spoken, without_timestamps in (
+            (given, language, False),
+            (auto, None, False),
+            (text_only, language, True),
+        ):
             texts[clip.id] = transcribe_whole_file(
                 model,
                 clip.samples,
                 device="cpu",
                 compute_type=engine.compute_type if on_cpu else "float32",
-                language=language,
+                language=spoken,
+                without_timestamps=without_timestamps,
             )
-            progress.step(f"{clip.id} {language or 'auto'}")
-    return given, auto
+            progress.step(f"{clip.id} {spoken or 'auto'}")
+    return given, auto, text_only
 
 
 def _bench_languages(args: argparse.Namespace) -> int:
     env = common.prepare(args)
     languages = _languages(env.manifest)
-    whole, whole_auto = _whole_file(env, languages)
+    whole, whole_auto, whole_text_only = _whole_file(env, languages)
     traces, given = run_loop(_stream_all(args, env, languages), env.config.server.event_loop)
     clips: dict[str, Any] = {}
     groups: defaultdict[str, dict[str, Any]] = defaultdict(
@@ -123,6 +134,7 @@ def _bench_languages(args: argparse.Namespace) -> int:
     auto_counts: defaultdict[str, WerCounts] = defaultdict(lambda: _ZERO)
     whole_counts: defaultdict[str, WerCounts] = defaultdict(lambda: _ZERO)
     whole_auto_counts: defaultdict[str, WerCounts] = defaultdict(lambda: _ZERO)
+    text_only_counts: defaultdict[str, WerCounts] = defaultdict(lambda: _ZERO)
     for clip in env.clips:
         language = languages[clip.id]
         messages = traces[clip.id].messages
@@ -133,10 +145,12 @@ def _bench_languages(args: argparse.Namespace) -> int:
         streamed = language_errors(clip.text, given_text, language)
         reference = language_errors(clip.text, whole[clip.id], language)
         reference_auto = language_errors(clip.text, whole_auto[clip.id], language)
+        reference_text_only = language_errors(clip.text, whole_text_only[clip.id], language)
         auto_counts[language] += auto
         streamed_counts[language] += streamed
         whole_counts[language] += reference
         whole_auto_counts[language] += reference_auto
+        text_only_counts[language] += reference_text_only
         group = groups[language]
         group["clips"] += 1
         group["flaps"] += flaps(messages)
@@ -153,10 +167,12 @@ def _bench_languages(args: argparse.Namespace) -> int:
             "auto_text": text,
             "whole_file_text": whole[clip.id],
             "whole_file_auto_text": whole_auto[clip.id],
+            "whole_file_text_only_text": whole_text_only[clip.id],
             "error_rate": round(streamed.wer, 4),
             "auto_error_rate": round(auto.wer, 4),
             "whole_file_error_rate": round(reference.wer, 4),
             "whole_file_auto_error_rate": round(reference_auto.wer, 4),
+            "whole_file_text_only_error_rate": round(reference_text_only.wer, 4),
         }
     per_language = {}
     for language, group in sorted(groups.items()):
@@ -168,6 +184,13 @@ def _bench_languages(args: argparse.Namespace) -> int:
             "streamed_auto": round(auto_rate, 4),
             "whole_file": round(whole_rate, 4),
             "whole_file_auto": round(whole_auto_rate, 4),
+            "whole_file_text_only": round(text_only_counts[language].wer, 4),
+            "errors": {
+                "streamed": streamed_counts[language].errors,
+                "whole_file": whole_counts[language].errors,
+                "whole_file_text_only": text_only_counts[language].errors,
+                "reference_units": whole_counts[language].reference_words,
+            },
             "gap_points": round(100 * (streamed_rate - whole_rate), 2),
             "gap_auto_points": round(100 * (auto_rate - whole_auto_rate), 2),
             "gap_auto_vs_given_points": round(100 * (auto_rate - whole_rate), 2),
@@ -190,6 +213,7 @@ def _bench_languages(args: argparse.Namespace) -> int:
             "beam_size": 5,
             "temperature": 0.0,
             "language": ["given", "detected"],
+            "text_only": "a third run, language given, without timestamp tokens",
         },
         "per_language": per_language,
         "overall": overall,
@@ -200,7 +224,7 @@ def _bench_languages(args: argparse.Namespace) -> int:
     write_json(path, data)
     print(
         f"{'lang':<5} {'metric':<4} {'clips':>5} {'LID':>7} {'flaps':>5} {'given':>7} "
-        f"{'whole':>7} {'gap':>6} {'auto':>7} {'whole':>7} {'gap':>6}"
+        f"{'whole':>7} {'gap':>6} {'auto':>7} {'whole':>7} {'gap':>6} {'text-only':>9}"
     )
     for language, g in per_language.items():
         lid = f"{g['lid_correct']}/{g['lid_clips']}"
@@ -208,7 +232,8 @@ def _bench_languages(args: argparse.Namespace) -> int:
             f"{language:<5} {g['metric']:<4} {g['clips']:>5} {lid:>7} {g['flaps']:>5} "
             f"{100 * g['streamed']:>6.1f}% {100 * g['whole_file']:>6.1f}% "
             f"{g['gap_points']:>+6.1f} {100 * g['streamed_auto']:>6.1f}% "
-            f"{100 * g['whole_file_auto']:>6.1f}% {g['gap_auto_points']:>+6.1f}"
+            f"{100 * g['whole_file_auto']:>6.1f}% {g['gap_auto_points']:>+6.1f} "
+            f"{100 * g['whole_file_text_only']:>8.1f}%"
         )
     print(f"LID {overall['lid_accuracy']}, flaps {overall['flaps']}; wrote {path}")
     return 0

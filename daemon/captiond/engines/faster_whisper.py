@@ -255,14 +255,21 @@ def transcribe_whole_file(
     compute_type: str,
     language: str | None,
     beam_size: int = 5,
+    without_timestamps: bool = False,
 ) -> str:
     """The accuracy reference: faster-whisper's own long-form `transcribe` of a whole recording
     (its 30-s windows, timestamps, previous-text conditioning), beam 5, temperature 0, no VAD:
-    what a user gets by running faster-whisper on the recording afterwards."""
+    what a user gets by running faster-whisper on the recording afterwards.
+    `without_timestamps` decodes text tokens only, as captiond's decodes do."""
     from faster_whisper import WhisperModel
 
     model = WhisperModel(str(model_path), device=device, compute_type=compute_type)
     segments, _ = model.transcribe(
-        audio, language=language, beam_size=beam_size, temperature=0.0, vad_filter=False
+        audio,
+        language=language,
+        beam_size=beam_size,
+        temperature=0.0,
+        vad_filter=False,
+        without_timestamps=without_timestamps,
     )
     return " ".join(s.text.strip() for s in segments if s.text.strip())

@@ -1,0 +1,40 @@
+"""One short `captiond bench decode` run end to end: real model, the offline decode path, JSON.
+
+No timing is asserted: only that the figures are there and add up.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from captiond.cli import main
+
+pytestmark = pytest.mark.model
+CLIPS = "jfk_inaugural_1961,ljspeech_LJ001-0002,bird_robin_inspectorj"
+
+
+def test_bench_decode_counts_errors_and_engine_time_per_final(
+    speech_dir: Path, tmp_path: Path
+) -> None:
+    argv = ["bench", "decode", "--clips", CLIPS, "--out", str(tmp_path)]
+    argv += ["--manifest", str(speech_dir / "manifest.jsonl"), "--engine", "faster-whisper"]
+    argv += ["--set", "vad.final_tail_ms=390"]
+    assert main(argv) == 0
+    (path,) = tmp_path.glob("decode-*.json")
+    data = json.loads(path.read_text())
+    assert data["bench"] == "decode" and data["config"]["vad"]["final_tail_ms"] == 390
+    per_clip, overall = data["per_clip"], data["overall"]
+    assert list(per_clip) == CLIPS.split(",")
+    speech = [per_clip[c] for c in CLIPS.split(",")[:2]]
+    assert all(c["finals"] >= 1 and c["wer"] < 0.3 for c in speech), speech
+    assert overall["errors"] == sum(c["errors"] for c in speech)
+    assert overall["per_language"] == {
+        "en": {"errors": overall["errors"], "reference_units": overall["reference_words"]}
+    }
+    assert overall["finals"] == sum(c["finals"] for c in per_clip.values())
+    assert per_clip["bird_robin_inspectorj"]["words"] == overall["nonspeech_words"] == 0
+    assert {"encode", "generate"} <= set(overall["engine_ms_per_final"])
+    assert overall["engine_ms_per_final"]["generate"] > 0 < overall["engine_ms_per_final"]["encode"]
