@@ -21,11 +21,9 @@ from typing import Any
 
 from captiond.bench import common
 from captiond.bench.report import Progress, write_json
-from captiond.bench.wer import WerCounts, language_errors, normalize
+from captiond.bench.wer import NO_ERRORS, WerCounts, language_errors, normalize
 from captiond.config import override
 from captiond.offline import transcribe_samples
-
-_ZERO = WerCounts(substitutions=0, deletions=0, insertions=0, reference_words=0)
 
 
 def add_decode_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -38,7 +36,7 @@ def _bench_decode(args: argparse.Namespace) -> int:
     env = common.prepare(args)
     env.engine.phases.drain()  # the warm-up's
     clips: dict[str, Any] = {}
-    speech = exact = long = _ZERO
+    speech = exact = long = NO_ERRORS
     finals, audio_s = 0, 0.0
     per_language: dict[str, WerCounts] = {}
     progress = Progress("decode", len(env.clips))
@@ -54,9 +52,9 @@ def _bench_decode(args: argparse.Namespace) -> int:
         else:
             counts = language_errors(clip.text, transcript.text, clip.language)
             speech += counts
-            exact += counts if clip.ref_quality == "exact" else _ZERO
-            long += counts if clip.kind == "long" else _ZERO
-            per_language[clip.language] = per_language.get(clip.language, _ZERO) + counts
+            exact += counts if clip.ref_quality == "exact" else NO_ERRORS
+            long += counts if clip.kind == "long" else NO_ERRORS
+            per_language[clip.language] = per_language.get(clip.language, NO_ERRORS) + counts
             figures |= {"errors": counts.errors, "wer": round(counts.wer, 4)}
         clips[clip.id] = figures
         progress.step(clip.id)

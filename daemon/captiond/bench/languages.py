@@ -31,12 +31,10 @@ from captiond.bench import common
 from captiond.bench.metrics import Trace, final_text
 from captiond.bench.pacing import stream_native
 from captiond.bench.report import Progress, write_json
-from captiond.bench.wer import CHARACTER_LANGUAGES, WerCounts, language_errors
+from captiond.bench.wer import CHARACTER_LANGUAGES, NO_ERRORS, WerCounts, language_errors
 from captiond.engines import resolve_engine_config
 from captiond.loop import run as run_loop
 from captiond.models import resolve_model
-
-_ZERO = WerCounts(substitutions=0, deletions=0, insertions=0, reference_words=0)
 
 
 def add_languages_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -130,11 +128,11 @@ def _bench_languages(args: argparse.Namespace) -> int:
     groups: defaultdict[str, dict[str, Any]] = defaultdict(
         lambda: {"clips": 0, "lid_clips": 0, "lid_correct": 0, "confusions": [], "flaps": 0}
     )
-    streamed_counts: defaultdict[str, WerCounts] = defaultdict(lambda: _ZERO)
-    auto_counts: defaultdict[str, WerCounts] = defaultdict(lambda: _ZERO)
-    whole_counts: defaultdict[str, WerCounts] = defaultdict(lambda: _ZERO)
-    whole_auto_counts: defaultdict[str, WerCounts] = defaultdict(lambda: _ZERO)
-    text_only_counts: defaultdict[str, WerCounts] = defaultdict(lambda: _ZERO)
+    streamed_counts: defaultdict[str, WerCounts] = defaultdict(lambda: NO_ERRORS)
+    auto_counts: defaultdict[str, WerCounts] = defaultdict(lambda: NO_ERRORS)
+    whole_counts: defaultdict[str, WerCounts] = defaultdict(lambda: NO_ERRORS)
+    whole_auto_counts: defaultdict[str, WerCounts] = defaultdict(lambda: NO_ERRORS)
+    text_only_counts: defaultdict[str, WerCounts] = defaultdict(lambda: NO_ERRORS)
     for clip in env.clips:
         language = languages[clip.id]
         messages = traces[clip.id].messages

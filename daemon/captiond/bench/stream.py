@@ -32,13 +32,11 @@ from captiond.bench.metrics import (
 from captiond.bench.pacing import stream_native
 from captiond.bench.peer_whisperlive import stream_whisperlive, whisperlive_server
 from captiond.bench.report import Progress, plot_cdfs, print_table, write_json
-from captiond.bench.wer import WerCounts, align, normalize, word_errors
+from captiond.bench.wer import NO_ERRORS, align, normalize, word_errors
 from captiond.engines import resolve_engine_config
 from captiond.loop import run as run_loop
 from captiond.models import resolve_model
 from captiond.offline import transcribe_samples
-
-_ZERO = WerCounts(substitutions=0, deletions=0, insertions=0, reference_words=0)
 
 
 def add_stream_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -92,7 +90,7 @@ def _share(counts: tuple[int, int]) -> float | None:
 def pooled_wer(clips: list[common.Clip], texts: dict[str, str]) -> dict[str, float | None]:
     """WER over the exact-reference clips, and over the long clips (dialogues and the LJ reading,
     whose references are partly approximate: a relative figure)."""
-    exact = long = _ZERO
+    exact = long = NO_ERRORS
     for clip in clips:
         if clip.kind != "nonspeech" and clip.ref_quality == "exact":
             exact += word_errors(clip.text, texts[clip.id])
@@ -107,7 +105,7 @@ def pooled_wer(clips: list[common.Clip], texts: dict[str, str]) -> dict[str, flo
 def _overall(
     clips: list[common.Clip], runs: dict[str, Trace], texts: dict[str, str]
 ) -> dict[str, Any]:
-    counts = _ZERO
+    counts = NO_ERRORS
     for clip in clips:
         if clip.kind != "nonspeech" and clip.ref_quality == "exact":
             counts += word_errors(clip.text, texts[clip.id])

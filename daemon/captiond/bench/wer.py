@@ -57,6 +57,9 @@ class WerCounts:
         )
 
 
+NO_ERRORS = WerCounts(substitutions=0, deletions=0, insertions=0, reference_words=0)
+
+
 def align(reference: list[str], hypothesis: list[str]) -> WerCounts:
     """Levenshtein alignment over words; ties prefer substitutions (as jiwer/sclite do)."""
     # Each cell: (cost, substitutions, deletions, insertions) of the best path so far.
