@@ -53,6 +53,7 @@ def test_defaults_match_design() -> None:
     assert config.stream.prompt_chars == 600
     assert config.stream.context_s == pytest.approx(30.0)
     assert config.stream.final_beam_size == 5
+    assert config.stream.context_beam_size == 3
     assert config.stream.compression_ratio_threshold == pytest.approx(2.4)
     assert config.scheduler == SchedulerConfig()
     assert config.engine.name == "auto"
@@ -220,6 +221,7 @@ _printable_text = st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs
 _RANGED = {"context_s", "partial_context_s", "max_utterance_s", "resume_s"}
 _POSITIVE = {"idle_timeout_s", "max_audio_speed", "audio_burst_s", "max_buffered_s"}
 _POSITIVE |= {"drain_timeout_s", "max_sessions_per_ip"}
+_POSITIVE |= {"final_beam_size", "context_beam_size", "partial_beam_size"}
 _NON_NEGATIVE = {"cpu_threads", "decoder_threads"}
 _origins = st.lists(
     st.sampled_from(["*", "https://app.example.com", "http://127.0.0.1:8765", "http://[::1]"])
@@ -302,6 +304,12 @@ def test_windows_longer_than_whisper_are_refused(table: dict[str, float]) -> Non
 def test_stable_min_probability_is_a_probability(p: float) -> None:
     with pytest.raises(ConfigError, match="stable_min_probability must be between 0 and 1"):
         config_from_mapping({"stream": {"stable_min_probability": p}})
+
+
+@pytest.mark.parametrize("key", ["final_beam_size", "context_beam_size", "partial_beam_size"])
+def test_beam_sizes_are_positive(key: str) -> None:
+    with pytest.raises(ConfigError, match=f"{key} must be 1 or more"):
+        config_from_mapping({"stream": {key: 0}})
 
 
 @pytest.mark.parametrize("key", ["cpu_threads", "decoder_threads"])

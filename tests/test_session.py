@@ -670,12 +670,19 @@ def test_partials_false_never_asks_for_partials() -> None:
 
 @pytest.mark.parametrize("partial_beam", [1, 3])
 def test_requests_use_the_configured_beams(partial_beam: int) -> None:
-    driver = Driver(stream=StreamConfig(final_beam_size=5, partial_beam_size=partial_beam))
+    """Finals alone get `final_beam_size`, finals with context `context_beam_size`."""
+    driver = Driver(
+        stream=StreamConfig(final_beam_size=5, context_beam_size=2, partial_beam_size=partial_beam)
+    )
     two_utterances(driver)
-    assert {r.kind for r in driver.requests} == {DecodeKind.FINAL, DecodeKind.PARTIAL}
-    for r in driver.requests:
-        expected = 5 if r.kind is DecodeKind.FINAL else partial_beam
-        assert r.engine_request.beam_size == expected
+    partials = {r.engine_request.beam_size for r in driver.requests if r.kind is DecodeKind.PARTIAL}
+    finals = {
+        (bool(r.engine_request.prefix), r.engine_request.beam_size)
+        for r in driver.requests
+        if r.kind is DecodeKind.FINAL
+    }
+    assert partials == {partial_beam}
+    assert finals == {(False, 5), (True, 2)}
 
 
 def test_prompt_carries_the_previous_finals() -> None:

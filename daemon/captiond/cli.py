@@ -257,7 +257,12 @@ def _add_transcribe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = sub.add_parser("transcribe", help="transcribe a WAV file offline (same segmentation)")
     p.add_argument("file", type=Path, help="WAV file, any rate and channel count")
     _engine_options(p)
-    p.add_argument("--beam", type=int, help="beam size of the final decodes (default 1)")
+    p.add_argument(
+        "--beam",
+        type=int,
+        help="beam size of every final decode (default: [stream] final_beam_size 5, "
+        "context_beam_size 3 with context)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--task",
@@ -272,7 +277,9 @@ def _transcribe(args: argparse.Namespace) -> int:
     from captiond.offline import transcribe_samples
     from captiond_client.wavfile import read_wav_16k_mono
 
-    config = override(_config_from(args), "stream", final_beam_size=args.beam)
+    config = override(
+        _config_from(args), "stream", final_beam_size=args.beam, context_beam_size=args.beam
+    )
     samples = read_wav_16k_mono(args.file)
     engine = _load_warm_engine(config)
     try:

@@ -227,24 +227,18 @@ class StreamSession:
         if self._in_flight is not None:
             return None
         self._finish_answered()
-        final_beam = self._stream.final_beam_size
         if self._closed:
             utt = self._closed[0]
             assert utt.decode_end_sample is not None
-            req = self._request(utt, DecodeKind.FINAL, utt.decode_end_sample, final_beam)
+            req = self._request(utt, DecodeKind.FINAL, utt.decode_end_sample)
         elif (pause_sample := self._early_final_due()) is not None:
             assert self._open is not None
             self._open.early_end_sample = pause_sample
-            req = self._request(self._open, DecodeKind.FINAL, pause_sample, final_beam)
+            req = self._request(self._open, DecodeKind.FINAL, pause_sample)
         elif self._partial_due():
             assert self._open is not None
             self._open.partial_end_sample = self._buffer.end_sample
-            req = self._request(
-                self._open,
-                DecodeKind.PARTIAL,
-                self._open.partial_end_sample,
-                self._stream.partial_beam_size,
-            )
+            req = self._request(self._open, DecodeKind.PARTIAL, self._open.partial_end_sample)
         else:
             return None
         self._in_flight = req
@@ -414,9 +408,11 @@ class StreamSession:
         since = end - max(utt.partial_end_sample, utt.start_sample)
         return since >= self._partial_interval_samples
 
-    def _request(self, utt: _Utterance, kind: DecodeKind, end: int, beam: int) -> DecodeRequest:
+    def _request(self, utt: _Utterance, kind: DecodeKind, end: int) -> DecodeRequest:
         """A decode of the utterance so far, in a window that starts at earlier committed audio
-        (see context.py), forced to begin with the context's text and the stable words."""
+        (see context.py), forced to begin with the context's text and the stable words. A final
+        with context gets `context_beam_size`: CTranslate2 runs every forced token as a full
+        beam step, and conditioned on the conversation a narrower beam was as accurate."""
         window = (
             self._final_window_samples if kind is DecodeKind.FINAL else self._partial_window_samples
         )
@@ -428,6 +424,12 @@ class StreamSession:
             window_samples=window,
             forced_chars=len(join_units(forced)),
         )
+        if kind is DecodeKind.PARTIAL:
+            beam = self._stream.partial_beam_size
+        elif context.prefix:
+            beam = self._stream.context_beam_size
+        else:
+            beam = self._stream.final_beam_size
         gate_from: int | None = None
         if not utt.speech_confirmed:
             gate_from = utt.start_sample
