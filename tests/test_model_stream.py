@@ -92,11 +92,11 @@ def test_streaming_wer_matches_offline(
         total_offline += word_errors(m["text"], offline[m["id"]].text)
     print(f"WER streaming {total_stream.wer:.4f} offline {total_offline.wer:.4f}")
     assert total_offline.wer < 0.25, "the model itself is far off: wrong features or prompt?"
-    # A regression bound. Replayed as fast as the daemon takes it, the reading's partials cut
-    # its words at arbitrary points, and the stable words they promise ("It may just be" for
-    # "May justly be") keep the stream a few words behind the decode: faster-whisper +0.9
-    # with beam-5 finals, +1.3 with context finals at beam 3, where the decode gained 3 words
-    # and the stream made the same 62 errors (in real time the reading is 1-2 words behind).
+    # A regression bound. Replayed as fast as the daemon takes it, the reading streams a few
+    # words behind the decode ("It may just be" for "May justly be"), most likely from stable
+    # words of partials cut at arbitrary points: faster-whisper +0.9 with beam-5 finals, +1.3
+    # with context finals at beam 3, where the decode gained 3 words and the stream made the
+    # same 62 errors (in real time the reading is 1-2 words behind).
     assert total_stream.wer <= total_offline.wer + 0.015
 
 
