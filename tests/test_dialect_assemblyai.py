@@ -313,6 +313,27 @@ def test_whisper_text_becomes_unformatted_turns_and_one_formatted_final() -> Non
     assert end["end_of_turn_confidence"] == formatted["end_of_turn_confidence"] == 1.0
 
 
+def test_the_words_of_a_chinese_turn_are_its_characters() -> None:
+    dialect = AssemblyAIDialect({"format_turns": "true"}, now_s=lambda: 1000.0)
+    dialect.stream_params("zh")
+    dialect.render(Ready(session="s1", sample_rate=RATE, model="m", engine="e"))
+    partial = Partial(
+        segment=0, rev=1, start_ms=0, end_ms=600, stable="我用Python", unstable="写代码"
+    )
+    [interim] = map(json.loads, dialect.render(partial))
+    assert interim["transcript"] == "我用python"
+    assert [(w["text"], w["word_is_final"]) for w in interim["words"]] == [
+        *(("我", True), ("用", True), ("python", True)),
+        *(("写", False), ("代", False), ("码", False)),
+    ]
+    final = Final(segment=0, start_ms=0, end_ms=900, text="我用Python写代码。")
+    end, formatted = map(json.loads, dialect.render(final))
+    assert end["transcript"] == end["utterance"] == "我用python写代码"
+    assert [w["text"] for w in end["words"]] == ["我", "用", "python", "写", "代", "码"]
+    assert formatted["transcript"] == final.text
+    assert [w["text"] for w in formatted["words"]][-1] == "码。"
+
+
 def test_update_configuration_and_query_parameters() -> None:
     dialect = AssemblyAIDialect({"sample_rate": "48000", "language_codes": '["de"]'})
     params = dialect.stream_params("en")

@@ -423,6 +423,20 @@ def test_words_without_punctuate_are_plain_and_their_times_interpolated() -> Non
     assert empty == {**empty, "transcript": "", "confidence": 0.0, "words": []}
 
 
+def test_the_words_of_a_chinese_sentence_are_its_characters() -> None:
+    # A sentence without spaces is not one word: each character is one, as in stable text
+    # (text.py), and the transcript is written without spaces, as the final was.
+    text = "加进38年\uff0c登进士。"  # a full-width comma after 年
+    plain = render_final({}, text)["channel"]["alternatives"][0]
+    assert plain["transcript"] == "加进38年登进士"
+    assert [w["word"] for w in plain["words"]] == ["加", "进", "38", "年", "登", "进", "士"]
+    written = render_final({"punctuate": "true"}, text)["channel"]["alternatives"][0]
+    assert written["transcript"] == text
+    assert [w["punctuated_word"] for w in written["words"]] == [
+        *("加", "进", "38", "年\uff0c", "登", "进", "士。")
+    ]
+
+
 def test_a_finalize_is_recognised_within_the_resamplers_lag() -> None:
     """At 48 kHz the daemon's 16 kHz stream lags the audio received: an utterance closed by
     a Finalize ends up to 100 ms before where the client stood; one closed by the VAD earlier

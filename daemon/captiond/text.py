@@ -63,6 +63,12 @@ def _unit(text: str, glued: bool) -> str:
     return unit
 
 
+def same_spacing(unit: str, text: str) -> str:
+    """`text` (a unit rewritten: lower-cased, punctuation stripped) spaced as `unit` was, so
+    that `join_units` writes it glued to the unit before it if `unit` was."""
+    return _unit(text, getattr(unit, "glued", False))
+
+
 def units(text: str) -> list[str]:
     """Words, with every character of a no-space script a unit of its own."""
     if text.isascii():

@@ -34,7 +34,7 @@ as are unknown fields. Several `language_codes` decode as "auto" (any language W
 from __future__ import annotations
 
 import json
-import string
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -55,6 +55,7 @@ from captiond.protocol import (
     check_language,
     parse_stream_params,
 )
+from captiond.text import join_units, same_spacing, units
 
 # Control messages are small; UpdateConfiguration may carry key terms and a prompt (ignored).
 MAX_MESSAGE_BYTES = 16_384
@@ -71,10 +72,9 @@ CLOSE_CODES: dict[str, int] = {
     "shutting_down": 1001,  # going away: the daemon stops
 }
 CLOSE_SERVER_ERROR = 3005
-# ASCII punctuation, curly quotes, guillemets, ellipsis, dashes, inverted ! and ?
-_EDGE_PUNCTUATION = (
-    string.punctuation + "\u201c\u201d\u2018\u2019\u00ab\u00bb\u2026\u2014\u2013\u00bf\u00a1"
-)
+# What an unformatted word loses at its edges: anything but letters and digits, in any script
+# ("。" after a Chinese character as well as ASCII punctuation, quotes and dashes).
+_EDGE_PUNCTUATION = re.compile(r"^[\W_]+|[\W_]+$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,15 +183,17 @@ class AssemblyAIDialect:
 
     def _render_partial(self, message: Partial) -> str:
         turn = self._turns.setdefault(message.segment, _Turn(start_ms=message.start_ms))
-        stable = message.stable.split()
-        words = _timed(turn, [*stable, *message.unstable.split()], message.end_ms)
+        # Units, not space-separated words: each character of a Chinese or Japanese sentence
+        # is a word here (text.py).
+        stable = units(message.stable)
+        words = _timed(turn, [*stable, *units(message.unstable)], message.end_ms)
         turn.final_words = words[: len(stable)]
         language = message.language if self._language_detection else None
         return self._turn(message.segment, words, len(stable), end=False, language=language)
 
     def _render_final(self, message: Final) -> list[str]:
         turn = self._turns.pop(message.segment, None) or _Turn(start_ms=message.start_ms)
-        words = _timed(turn, message.text.split(), message.end_ms)
+        words = _timed(turn, units(message.text), message.end_ms)
         language = message.language if self._language_detection else None
         order, n_final = message.segment, len(words)
         turns = [self._turn(order, words, n_final, end=True, language=language)]
@@ -218,7 +220,7 @@ class AssemblyAIDialect:
             for i, w in enumerate(words)
         ]
         shown = [item for item in shown if item[0]]  # a word of punctuation alone is dropped
-        transcript = " ".join(text for text, _, final in shown if final)
+        transcript = join_units([text for text, _, final in shown if final])
         return _dumps(
             {
                 "type": "Turn",
@@ -266,7 +268,7 @@ def _timed(turn: _Turn, texts: list[str], end_ms: int) -> list[_Word]:
 
 
 def _unformatted(word: str) -> str:
-    return word.strip(_EDGE_PUNCTUATION).lower()
+    return same_spacing(word, _EDGE_PUNCTUATION.sub("", word).lower())
 
 
 def _flag(query: Mapping[str, str], name: str) -> bool:

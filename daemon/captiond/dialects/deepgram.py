@@ -69,6 +69,7 @@ from captiond.protocol import (
     StreamParams,
     parse_stream_params,
 )
+from captiond.text import join_units, same_spacing, units
 
 # Control messages are a few dozen bytes; a `Configure` with its 500-token keyterms a few KB.
 MAX_TEXT_BYTES = 16_384
@@ -288,7 +289,10 @@ class DeepgramDialect:
         self, start_ms: int, end_ms: int, text: str, final: bool, forced: bool = False
     ) -> str:
         punctuate = self._options.punctuate
-        words = [(plain, token) for token in text.split() if (plain := _plain(token))]
+        # Units, not space-separated words: a Chinese or Japanese sentence has no spaces, and
+        # each of its characters is a word here (text.py).
+        tokens = units(text)
+        words = [(plain, token) for token in tokens if (plain := _plain(token))]
         # No word timestamps: the segment is divided evenly (interpolated, not measured).
         span_ms = (end_ms - start_ms) / max(1, len(words))
         bounds_ms = [start_ms + span_ms * i for i in range(len(words) + 1)]
@@ -302,7 +306,7 @@ class DeepgramDialect:
             }
             for i, (plain, token) in enumerate(words)
         ]
-        transcript = " ".join(text.split()) if punctuate else " ".join(p for p, _ in words)
+        transcript = join_units(tokens) if punctuate else join_units([p for p, _ in words])
         alternative = {"transcript": transcript, "confidence": 1.0 if words else 0.0}
         return _json(
             {
@@ -339,5 +343,6 @@ class DeepgramDialect:
 
 
 def _plain(token: str) -> str:
-    """A word as Deepgram writes it without punctuation: lower case, no edge punctuation."""
-    return _EDGE_PUNCTUATION.sub("", token).lower()
+    """A word as Deepgram writes it without punctuation: lower case, no edge punctuation
+    (spaced as the token was)."""
+    return same_spacing(token, _EDGE_PUNCTUATION.sub("", token).lower())
