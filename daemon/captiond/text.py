@@ -102,15 +102,20 @@ def _last_letter(text: str) -> str:
     return text[-1]
 
 
+def joins_without_space(first: str, second: str) -> bool:
+    """Whether `second` is written right after `first`: both sides are characters of a script
+    without spaces, whatever punctuation ends `first` ("保术," + "我们"). The protocol's rule for
+    showing a partial's `stable` and `unstable` together."""
+    return bool(first and second) and _no_space(second[0]) and _no_space(_last_letter(first))
+
+
 def join_units(parts: Sequence[str]) -> str:
     """Units back into text: a space between words, none before a unit that was written glued
-    to the one before it, none between two characters of a no-space script (whatever
-    punctuation follows the first: "保术," + "我们")."""
+    to the one before it, none between two characters of a no-space script
+    (`joins_without_space`)."""
     text = ""
     for part in parts:
-        glued = getattr(part, "glued", False) or (
-            bool(text) and _no_space(part[0]) and _no_space(_last_letter(text))
-        )
+        glued = getattr(part, "glued", False) or joins_without_space(text, part)
         if text and not glued:
             text += " "
         text += part

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import unicodedata
 from pathlib import Path
 from typing import Any, TextIO
+
+from captiond.text import joins_without_space
 
 DIM, BOLD, RESET, CLEAR_LINE = "\x1b[2m", "\x1b[1m", "\x1b[0m", "\r\x1b[2K"
 
@@ -45,7 +46,9 @@ class CaptionPrinter:
 
     def _show_partial(self, stable: str, unstable: str) -> None:
         width = shutil.get_terminal_size().columns - 1
-        space = " " if stable and unstable and not _one_word(stable, unstable) else ""
+        # The daemon's rule (text.py): no space between two characters of Chinese, Japanese,
+        # Thai and the other scripts written without spaces.
+        space = " " if stable and unstable and not joins_without_space(stable, unstable) else ""
         text = f"{stable}{space}{unstable}"
         # Keep the newest words visible: trim from the left when the line is too long.
         overflow = max(0, len(text) - width)
@@ -59,14 +62,6 @@ class CaptionPrinter:
         if self._partial_shown and self._tty:
             print(CLEAR_LINE, end="", file=self._out, flush=True)
             self._partial_shown = False
-
-
-def _one_word(first: str, second: str) -> bool:
-    """Whether two pieces of text join without a space: both sides wide (Chinese, Japanese)
-    characters, whatever punctuation ends the first ("病気のため彼" + "はその")."""
-    letters = [c for c in first if not unicodedata.category(c).startswith("P")]
-    last = letters[-1] if letters else first[-1]
-    return all(unicodedata.east_asian_width(c) in "WF" for c in (last, second[0]))
 
 
 def format_clock(ms: int, sep: str = ".") -> str:
