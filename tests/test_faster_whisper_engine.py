@@ -39,3 +39,18 @@ def test_decoder_model(jfk: np.ndarray, engine: dict[str, int], separate: bool) 
         [EngineRequest(audio=jfk, kind=DecodeKind.FINAL, beam_size=5)]
     )
     assert "ask not what your country can do for you" in result.text.lower().replace(",", "")
+
+
+def test_a_decode_says_whether_it_began_with_a_space(jfk: np.ndarray) -> None:
+    """After a forced prefix Whisper writes a new word with a space before it, and the rest of
+    a word without one: `spaced` keeps that (session.py glues such text to a prefix of
+    Chinese or Japanese characters), though the text itself is stripped."""
+    loaded = _engine()
+    new_word, rest_of_word = loaded.transcribe_batch(
+        [
+            EngineRequest(audio=jfk, kind=DecodeKind.FINAL, prefix="And so"),
+            EngineRequest(audio=jfk, kind=DecodeKind.FINAL, prefix="And so my fel"),
+        ]
+    )
+    assert new_word.text.startswith("my fellow") and new_word.spaced
+    assert rest_of_word.text == rest_of_word.text.strip() and not rest_of_word.spaced

@@ -898,6 +898,39 @@ def test_punctuation_after_the_forced_words_is_not_a_word_of_its_own() -> None:
     assert driver.of(Final)[0].text == "Hello there world."
 
 
+@pytest.mark.parametrize("spaced", [False, True])
+def test_digits_written_after_forced_chinese_characters_stay_glued_to_them(
+    spaced: bool,
+) -> None:
+    # Stable "加进", and Whisper goes on with "38年…" right after it (no space before "38"):
+    # the stable text, and so the final that starts with it, is "加进38…", not "加进 38…".
+    # A continuation that began with a space keeps it.
+    sentence = "加进38年登进士"
+
+    def decode(request: EngineRequest) -> EngineResult:
+        if request.kind is DecodeKind.FINAL:
+            return EngineResult(text=sentence)
+        if request.prefix == "加进":
+            return EngineResult(text="38年登进士", unit_probs=(0.9,) * 6, spaced=spaced)
+        if request.prefix:
+            return EngineResult(text="", unit_probs=())
+        return EngineResult(text="加进38", unit_probs=(0.9, 0.9, 0.9))
+
+    driver = Driver(decode, stream=NO_CONTEXT)
+    driver.send(np.concatenate([silence(0.5), tone(3.0), silence(1.0)]))
+    driver.control(Control.END)
+    stables = {p.stable for p in driver.of(Partial)}
+    assert "加进" in stables
+    glued = [s for s in stables if "38" in s]
+    assert glued, stables
+    if spaced:
+        assert all(s.startswith("加进 38") for s in glued)
+        assert driver.of(Final)[0].text.startswith("加进 38")
+    else:
+        assert all(s.startswith("加进38") for s in glued)
+        assert driver.of(Final)[0].text == sentence
+
+
 def test_words_the_partials_were_unsure_of_are_not_stable() -> None:
     # Every partial says "my", but at p = 0.6, under the default floor (0.7): the final may
     # hear "am I", so neither "my" nor anything after it is promised; the words before it are.

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from captiond.stabilize import LocalAgreement, keep_stable
-from captiond.text import has_word, join_units, units
+from captiond.text import has_word, join_units, units, written_after
 from captiond_client.display import CaptionPrinter
 
 
@@ -78,6 +78,22 @@ def test_a_chinese_final_keeps_the_stable_characters() -> None:
     # Digits and Latin letters inside the sentence stay as Whisper wrote them.
     assert keep_stable(tuple("加進"), "加近38年登建式") == "加進38年登建式"
     assert keep_stable(tuple("我用"), "我用Python写") == "我用Python写"
+
+
+@pytest.mark.parametrize(
+    ("forced", "unit", "joined"),
+    [
+        ("加进", "38", "加进38"),
+        ("加进38", "年", "加进38年"),
+        ("我用", "Python", "我用Python"),
+        ("And so my fel", "a", "And so my fel a"),  # a word Whisper extends stays as shown
+    ],
+)
+def test_text_written_right_after_a_forced_character_is_glued_to_it(
+    forced: str, unit: str, joined: str
+) -> None:
+    before = units(forced)
+    assert join_units([*before, written_after(before[-1], unit)]) == joined
 
 
 @pytest.mark.parametrize(

@@ -217,6 +217,7 @@ def test_batch_equals_one_at_a_time(
 def test_result_fields(singles: list[EngineResult]) -> None:
     speech = singles[0]
     assert speech.text and speech.text == speech.text.strip()
+    assert speech.spaced  # Whisper wrote " The…": a first word has a space before it
     assert speech.compression_ratio > 0 and speech.avg_logprob < 0
     assert all(0.0 <= r.no_speech_prob <= 1.0 for r in singles)
 

@@ -57,7 +57,7 @@ from captiond.protocol import (
     check_language,
 )
 from captiond.stabilize import LocalAgreement, keep_stable
-from captiond.text import has_word, join_units, units
+from captiond.text import has_word, join_units, units, written_after
 from captiond.vad import UtteranceEnd, UtteranceStart, Vad, VadEvent, VadSegmenter
 
 # Audio kept behind the stream's end while no utterance is open: the segmenter may open one
@@ -268,7 +268,10 @@ class StreamSession:
             request.forced_words and skipped < len(new_units) and not has_word(new_units[skipped])
         ):
             skipped += 1
-        text = join_units((*request.forced_words, *new_units[skipped:]))
+        rest = new_units[skipped:]
+        if rest and request.forced_words and not skipped and not result.spaced:
+            rest[0] = written_after(request.forced_words[-1], rest[0])
+        text = join_units((*request.forced_words, *rest))
         if request.kind is DecodeKind.FINAL:
             self._take_final(utt, request, text)
         elif self._open is not None and self._open.index == request.utterance and text:

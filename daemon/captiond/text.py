@@ -109,6 +109,16 @@ def joins_without_space(first: str, second: str) -> bool:
     return bool(first and second) and _no_space(second[0]) and _no_space(_last_letter(first))
 
 
+def written_after(previous: str, unit: str) -> str:
+    """`unit` as a decode wrote it right after `previous` (its forced prefix) with no space
+    between: glued to it where either side is a character of a script without spaces ("加进"
+    + "38年", "我用" + "Python"). Between words of other scripts the space stays: a word that
+    Whisper extends past the commit point stays as the stable words showed it."""
+    if previous and unit and (_no_space(_last_letter(previous)) or _no_space(unit[0])):
+        return _unit(unit, True)
+    return unit
+
+
 def join_units(parts: Sequence[str]) -> str:
     """Units back into text: a space between words, none before a unit that was written glued
     to the one before it, none between two characters of a no-space script

@@ -83,6 +83,9 @@ class EngineResult:
     # greedy partials (stable words need it; a beam's choice is not one token's probability,
     # and finals do not need it); empty otherwise.
     unit_probs: tuple[float, ...] = ()
+    # Whether the decoded text began with a space, as Whisper writes one before a new word.
+    # After a forced prefix, text without one was written right after it ("加进" + "38年").
+    spaced: bool = True
 
 
 class PhaseTimes:

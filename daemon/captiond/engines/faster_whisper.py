@@ -220,7 +220,8 @@ class FasterWhisperEngine:
         # tokens count 0) divided by its length (penalty 1); Whisper's avg_logprob divides it
         # by the generated tokens + 1 (faster-whisper's rule, here without the prefix).
         avg_logprob = out.scores[0] * len(sequence) / (len(tokens) + 1)
-        text = tokenizer.decode(tokens).strip()
+        written = tokenizer.decode(tokens)
+        text = written.strip()
         unit_probs: tuple[float, ...] = ()
         # logits[0][k] is the distribution sequence[k] was chosen from (greedy decodes only).
         steps = out.logits[0][n_prefix : len(sequence)] if out.logits else []
@@ -234,6 +235,7 @@ class FasterWhisperEngine:
             no_speech_prob=float(out.no_speech_prob),
             compression_ratio=compression_ratio(text),
             unit_probs=unit_probs,
+            spaced=not written[:1] or written[:1].isspace(),
         )
 
 

@@ -244,7 +244,8 @@ class TorchGraphEngine:
         """Text, compression ratio and (partials) word probabilities of each decoded row."""
         results = []
         for row, request, (language, probability) in zip(rows, requests, languages, strict=True):
-            text = self.tokens.decode(row.tokens).strip()
+            written = self.tokens.decode(row.tokens)
+            text = written.strip()
             unit_probs: tuple[float, ...] = ()
             if request.kind is DecodeKind.PARTIAL:  # finals need no word probabilities
                 probs = [math.exp(p) for p in row.token_logprobs]
@@ -259,6 +260,7 @@ class TorchGraphEngine:
                     language=language,
                     language_probability=probability,
                     unit_probs=unit_probs,
+                    spaced=not written[:1] or written[:1].isspace(),
                 )
             )
         return results
