@@ -58,6 +58,17 @@ def test_finals_beyond_the_window_move_to_the_prompt() -> None:
     assert (got.prefix, got.prompt) == ("Recent.", "Long ago.")
 
 
+def test_chinese_and_japanese_finals_are_joined_as_written() -> None:
+    # No space between two sentences of a script without spaces: the forced prefix reads as
+    # Whisper writes a Japanese conversation. A prompt cut inside such text keeps its tail.
+    ctx = context(final(0, 2, "空は広いです。"), final(3, 5, "彼女は彼を見た。"), prompt_chars=5)
+    got = ctx.for_decode(utterance_start=6 * RATE, end_sample=8 * RATE, window_samples=WINDOW)
+    assert got.prefix == "空は広いです。彼女は彼を見た。"
+    got = ctx.for_decode(utterance_start=6 * RATE, end_sample=8 * RATE, window_samples=0)
+    assert got.prompt == "彼を見た。"
+    assert tail_words("Tokyo 東京は大きい", 6) == "東京は大きい"
+
+
 def test_context_is_limited_by_characters_newest_first() -> None:
     ctx = context(final(0, 2, "a" * 10), final(2, 4, "b" * 10), final(4, 6, "c" * 10), chars=23)
     got = ctx.for_decode(utterance_start=6 * RATE, end_sample=8 * RATE, window_samples=WINDOW)

@@ -1059,6 +1059,23 @@ def test_auto_language_is_decided_once_per_utterance_and_shown() -> None:
     assert shown and {m.language for m in shown} == {"de"}
 
 
+def test_punctuation_the_model_adds_to_the_context_is_not_part_of_the_next_final() -> None:
+    # The first final is committed without its full stop; the second one's decode, forced
+    # with it as context, begins by writing it ("。顔に…"): the full stop is not the next
+    # final's first unit, and the prefix has no space between the two Japanese sentences.
+    def decode(request: EngineRequest) -> EngineResult:
+        if request.kind is DecodeKind.PARTIAL:
+            return EngineResult(text="")
+        if request.prefix == "出席できなかった":
+            return EngineResult(text="。顔に車を止めた。")
+        return EngineResult(text="出席できなかった")
+
+    driver = Driver(decode, params=StreamParams(language="ja"))
+    driver.send(np.concatenate([silence(0.3), tone(2.0), silence(1.0), tone(2.0), silence(1.0)]))
+    driver.control(Control.END)
+    assert [f.text for f in driver.of(Final)] == ["出席できなかった", "顔に車を止めた。"]
+
+
 def test_a_language_change_starts_a_new_context() -> None:
     """The second utterance is detected with the first one's language as the hint, and its
     decodes do not continue the first one's (German) text as their prefix."""

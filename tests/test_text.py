@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from captiond.stabilize import LocalAgreement, keep_stable
-from captiond.text import has_word, join_units, units, written_after
+from captiond.text import has_word, join_texts, join_units, units, written_after
 from captiond_client.display import CaptionPrinter
 
 
@@ -78,6 +78,20 @@ def test_a_chinese_final_keeps_the_stable_characters() -> None:
     # Digits and Latin letters inside the sentence stay as Whisper wrote them.
     assert keep_stable(tuple("加進"), "加近38年登建式") == "加進38年登建式"
     assert keep_stable(tuple("我用"), "我用Python写") == "我用Python写"
+
+
+@pytest.mark.parametrize(
+    ("texts", "joined"),
+    [
+        (["And so.", "Ask not"], "And so. Ask not"),
+        (["出席できなかった。", "顔に"], "出席できなかった。顔に"),
+        (["加进38年", "登进士"], "加进38年登进士"),
+        (["Tokyo", "東京"], "Tokyo 東京"),
+        (["", "はい", ""], "はい"),
+    ],
+)
+def test_join_texts(texts: list[str], joined: str) -> None:
+    assert join_texts(texts) == joined
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from captiond.text import join_texts, joins_without_space
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CommittedFinal:
@@ -88,8 +90,8 @@ class TranscriptContext:
         older = self._older + [f.text for f in list(self._recent)[: len(self._recent) - len(used)]]
         return DecodeContext(
             start_sample=used[0].start_sample if used else utterance_start,
-            prefix=" ".join(f.text for f in used),
-            prompt=tail_words(" ".join(older), self._prompt_chars),
+            prefix=join_texts(f.text for f in used),
+            prompt=tail_words(join_texts(older), self._prompt_chars),
         )
 
     def keep_from(self, now_sample: int, window_samples: int) -> int:
@@ -102,18 +104,20 @@ class TranscriptContext:
             self._older.append(self._recent.popleft().text)
         # Only the prompt's tail is ever read; keep the list from growing for hours.
         if len(self._older) > 64:
-            self._older = [tail_words(" ".join(self._older), self._prompt_chars)]
+            self._older = [tail_words(join_texts(self._older), self._prompt_chars)]
         return self._recent[0].start_sample if self._recent else now_sample
 
 
 def tail_words(text: str, limit_chars: int) -> str:
-    """The last `limit_chars` characters of `text`, starting at a word boundary."""
+    """The last `limit_chars` characters of `text`, starting at a word boundary (between two
+    characters of a script without spaces, or after a space)."""
     if len(text) <= limit_chars:
         return text
     if limit_chars <= 0:
         return ""
-    tail = text[len(text) - limit_chars :]
-    if text[len(text) - limit_chars - 1] == " ":
+    cut = len(text) - limit_chars
+    tail = text[cut:]
+    if text[cut - 1] == " " or joins_without_space(text[max(0, cut - 8) : cut], tail):
         return tail
     # A cut word would be a wrong word in the prompt.
     return tail.split(" ", 1)[1] if " " in tail else ""

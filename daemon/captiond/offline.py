@@ -17,6 +17,7 @@ from captiond.config import Config
 from captiond.engines import Engine
 from captiond.protocol import Control, Final, StreamParams
 from captiond.session import StreamSession
+from captiond.text import join_texts
 from captiond.vad import webrtc_vad
 
 _CHUNK_MS = 500
@@ -57,7 +58,7 @@ def transcribe_samples(
     session.receive_control(Control.END)
     drain()
     return Transcript(
-        text=" ".join(f.text for f in finals if f.text),
+        text=join_texts(f.text for f in finals),
         segments=tuple(finals),
         audio_ms=session.audio_ms,
     )

@@ -63,6 +63,7 @@ from captiond.routing import WorkerSlot
 from captiond.scheduler import Decoder
 from captiond.session import SessionState, StreamOrigin, StreamSession
 from captiond.sources import AudioInput, daemon_sources, microphone
+from captiond.text import join_texts
 from captiond.vad import Vad, webrtc_vad
 from captiond.web import static_response
 
@@ -512,7 +513,7 @@ class Daemon:
         origin = StreamOrigin(
             start_sample=ms_to_samples(int(end["audio_ms"])),
             first_segment=int(end["segments"]),
-            earlier_text=" ".join(f.text for f in found.finals)[-_EARLIER_TEXT_CHARS:],
+            earlier_text=join_texts(f.text for f in found.finals)[-_EARLIER_TEXT_CHARS:],
         )
         live = self._open_stream(
             conn,

@@ -57,7 +57,7 @@ from captiond.protocol import (
     check_language,
 )
 from captiond.stabilize import LocalAgreement, keep_stable
-from captiond.text import has_word, join_units, units, written_after
+from captiond.text import has_word, join_texts, join_units, units, written_after
 from captiond.vad import UtteranceEnd, UtteranceStart, Vad, VadEvent, VadSegmenter
 
 # Audio kept behind the stream's end while no utterance is open: the segmenter may open one
@@ -261,12 +261,12 @@ class StreamSession:
         # The forced words stay as they were even if Whisper would have extended the last one
         # (a word split across the commit point): stable words are a promise. Punctuation that
         # Whisper puts right after them ("In September" + ", for the first time") belongs to
-        # the last forced word, so it is left out, not shown (and made stable) as a unit.
+        # the last forced word, so it is left out, not shown (and made stable) as a unit; so
+        # does punctuation after an earlier final forced as context (", say", "。顔…").
         new_units = units(new)
+        forced = bool(request.engine_request.prefix)
         skipped = 0
-        while (
-            request.forced_words and skipped < len(new_units) and not has_word(new_units[skipped])
-        ):
+        while forced and skipped < len(new_units) and not has_word(new_units[skipped]):
             skipped += 1
         rest = new_units[skipped:]
         if rest and request.forced_words and not skipped and not result.spaced:
@@ -454,7 +454,7 @@ class StreamSession:
                 detect_from_sample=utt.start_sample - context.start_sample,
                 task=self._params.task,
                 prompt=context.prompt,
-                prefix=" ".join(filter(None, (context.prefix, join_units(forced)))),
+                prefix=join_texts((context.prefix, join_units(forced))),
                 beam_size=beam,
                 speech_from_sample=gate_from,
             ),

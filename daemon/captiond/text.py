@@ -12,7 +12,7 @@ stray space between two characters of such a script goes.
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 # Scripts written without spaces between words, and their punctuation (code point ranges).
 _NO_SPACE_RANGES = (
@@ -117,6 +117,19 @@ def written_after(previous: str, unit: str) -> str:
     if previous and unit and (_no_space(_last_letter(previous)) or _no_space(unit[0])):
         return _unit(unit, True)
     return unit
+
+
+def join_texts(texts: Iterable[str]) -> str:
+    """Texts (finals) one after another as they are written: a space between them, none where
+    both sides are characters of a script without spaces ("…出席できなかった。" + "顔…"). A
+    Chinese or Japanese conversation forced on Whisper as its prefix then reads as it would
+    have written it."""
+    joined = ""
+    for text in texts:
+        if joined and text and not joins_without_space(joined, text):
+            joined += " "
+        joined += text
+    return joined
 
 
 def join_units(parts: Sequence[str]) -> str:
