@@ -1006,6 +1006,28 @@ def test_context_audio_is_kept_and_then_released() -> None:
         assert len(r.engine_request.audio) <= 30 * RATE
 
 
+def test_finals_keep_their_context_when_decodes_lag_behind_the_audio() -> None:
+    # All the audio arrives before any decode runs (an engine far behind, or audio sent faster
+    # than real time): each final still reaches back to the finals before it, as it does when
+    # every decode runs at once, although the stream's end is more than a window past them.
+    audio = np.concatenate([silence(0.5), *[np.concatenate([tone(8.0), silence(1.5)])] * 4])
+    live = Driver(partials=False)
+    live.send(audio)
+    live.control(Control.END)
+    lagging = Driver(partials=False)
+    for i in range(0, len(audio), RATE * CHUNK_MS // 1000):
+        lagging.session.receive_audio(s16(audio[i : i + RATE * CHUNK_MS // 1000]))
+    lagging.control(Control.END)
+    assert lagging.session._buffer.end_sample - 8 * RATE > 30 * RATE
+
+    def contexts(driver: Driver) -> list[tuple[int, str]]:
+        return [(len(r.engine_request.audio), r.engine_request.prefix) for r in driver.requests]
+
+    assert len(lagging.of(Final)) == 4
+    assert sum(1 for _, prefix in contexts(lagging) if prefix) >= 3
+    assert contexts(lagging) == contexts(live)
+
+
 def test_no_partial_reaches_into_where_a_capped_utterance_may_be_cut() -> None:
     stream = StreamConfig(max_utterance_s=4.0, cut_search_s=1.5)
     driver = Driver(stream=stream)

@@ -97,8 +97,10 @@ class TranscriptContext:
     def keep_from(self, now_sample: int, window_samples: int) -> int:
         """The earliest audio sample a future decode may need; forgets finals out of reach.
 
-        A future decode ends at or after `now_sample`, so a final that starts more than one
-        window before it can never be context again: its text moves to the prompt.
+        Every future decode ends at or after `now_sample` (the session passes the end of the
+        next final to come, not the stream's end: decodes may lag far behind the audio), so a
+        final that starts more than one window before it can never be context again: its text
+        moves to the prompt.
         """
         while self._recent and now_sample - self._recent[0].start_sample > window_samples:
             self._older.append(self._recent.popleft().text)

@@ -353,11 +353,18 @@ class StreamSession:
         """Forget audio that no decode can need: not in an open or closed utterance, not in
         a later decode's context, not in the segmenter's reach behind the stream's end."""
         end = self._buffer.end_sample
+        # The next final ends where the oldest utterance still waiting for one ends, which can
+        # be far behind the stream's end when decodes lag (a busy engine, audio sent faster
+        # than real time): measured from the stream's end, the finals that one reaches back
+        # to would leave the context too early, and it would decode without them.
+        next_final_end = min(
+            [end] + [u.decode_end_sample for u in self._closed if u.decode_end_sample is not None]
+        )
         keep_from = min(
             [u.start_sample for u in self._closed]
             + ([self._open.start_sample] if self._open else [])
             + [end - ms_to_samples(_KEEP_BEHIND_MS)]
-            + [self._context.keep_from(end, self._final_window_samples)]
+            + [self._context.keep_from(next_final_end, self._final_window_samples)]
         )
         self._buffer.discard_before(keep_from)
 
