@@ -119,7 +119,7 @@ def tail_words(text: str, limit_chars: int) -> str:
         return ""
     cut = len(text) - limit_chars
     tail = text[cut:]
-    if text[cut - 1] == " " or joins_without_space(text[max(0, cut - 8) : cut], tail):
+    if text[cut - 1] == " " or joins_without_space(text[:cut], tail):
         return tail
     # A cut word would be a wrong word in the prompt.
     return tail.split(" ", 1)[1] if " " in tail else ""

@@ -11,6 +11,7 @@ stray space between two characters of such a script goes.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 
@@ -28,6 +29,9 @@ _NO_SPACE_RANGES = (
     (0xFF00, 0xFFEF),  # full-width forms (Japanese and Chinese punctuation)
     (0x20000, 0x3FFFF),  # CJK extensions B…
 )
+
+
+_EDGE_PUNCTUATION = re.compile(r"^[\W_]+|[\W_]+$")
 
 
 def _no_space(char: str) -> bool:
@@ -63,10 +67,10 @@ def _unit(text: str, glued: bool) -> str:
     return unit
 
 
-def same_spacing(unit: str, text: str) -> str:
-    """`text` (a unit rewritten: lower-cased, punctuation stripped) spaced as `unit` was, so
-    that `join_units` writes it glued to the unit before it if `unit` was."""
-    return _unit(text, getattr(unit, "glued", False))
+def plain_unit(unit: str) -> str:
+    """`unit` lower-cased, without what is not a letter or digit at its edges (in any script:
+    "码。" → "码", "Hello," → "hello"), spaced as `unit` was: a vendor's unpunctuated word."""
+    return _unit(_EDGE_PUNCTUATION.sub("", unit).lower(), getattr(unit, "glued", False))
 
 
 def units(text: str) -> list[str]:
@@ -124,12 +128,7 @@ def join_texts(texts: Iterable[str]) -> str:
     both sides are characters of a script without spaces ("…出席できなかった。" + "顔…"). A
     Chinese or Japanese conversation forced on Whisper as its prefix then reads as it would
     have written it."""
-    joined = ""
-    for text in texts:
-        if joined and text and not joins_without_space(joined, text):
-            joined += " "
-        joined += text
-    return joined
+    return join_units([text for text in texts if text])
 
 
 def join_units(parts: Sequence[str]) -> str:

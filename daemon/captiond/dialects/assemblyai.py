@@ -34,7 +34,6 @@ as are unknown fields. Several `language_codes` decode as "auto" (any language W
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -55,7 +54,7 @@ from captiond.protocol import (
     check_language,
     parse_stream_params,
 )
-from captiond.text import join_units, same_spacing, units
+from captiond.text import join_units, plain_unit, units
 
 # Control messages are small; UpdateConfiguration may carry key terms and a prompt (ignored).
 MAX_MESSAGE_BYTES = 16_384
@@ -72,9 +71,6 @@ CLOSE_CODES: dict[str, int] = {
     "shutting_down": 1001,  # going away: the daemon stops
 }
 CLOSE_SERVER_ERROR = 3005
-# What an unformatted word loses at its edges: anything but letters and digits, in any script
-# ("。" after a Chinese character as well as ASCII punctuation, quotes and dashes).
-_EDGE_PUNCTUATION = re.compile(r"^[\W_]+|[\W_]+$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +212,7 @@ class AssemblyAIDialect:
         """One Turn: the first `n_final` words are final; `language` is the detected one (only
         with `language_detection`)."""
         shown = [
-            (w.text if formatted else _unformatted(w.text), w, i < n_final)
+            (w.text if formatted else plain_unit(w.text), w, i < n_final)
             for i, w in enumerate(words)
         ]
         shown = [item for item in shown if item[0]]  # a word of punctuation alone is dropped
@@ -265,10 +261,6 @@ def _timed(turn: _Turn, texts: list[str], end_ms: int) -> list[_Word]:
         )
         for i, text in enumerate(rest)
     ]
-
-
-def _unformatted(word: str) -> str:
-    return same_spacing(word, _EDGE_PUNCTUATION.sub("", word).lower())
 
 
 def _flag(query: Mapping[str, str], name: str) -> bool:

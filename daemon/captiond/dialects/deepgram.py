@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import uuid
 from collections import deque
 from collections.abc import Mapping
@@ -69,7 +68,7 @@ from captiond.protocol import (
     StreamParams,
     parse_stream_params,
 )
-from captiond.text import join_units, same_spacing, units
+from captiond.text import join_units, plain_unit, units
 
 # Control messages are a few dozen bytes; a `Configure` with its 500-token keyterms a few KB.
 MAX_TEXT_BYTES = 16_384
@@ -93,7 +92,6 @@ _CONTROLS = {
     "Finalize": Control.FINALIZE,
     "CloseStream": Control.END,
 }
-_EDGE_PUNCTUATION = re.compile(r"^\W+|\W+$")
 
 
 def _flag(query: Mapping[str, str], name: str) -> bool:
@@ -292,7 +290,7 @@ class DeepgramDialect:
         # Units, not space-separated words: a Chinese or Japanese sentence has no spaces, and
         # each of its characters is a word here (text.py).
         tokens = units(text)
-        words = [(plain, token) for token in tokens if (plain := _plain(token))]
+        words = [(plain, token) for token in tokens if (plain := plain_unit(token))]
         # No word timestamps: the segment is divided evenly (interpolated, not measured).
         span_ms = (end_ms - start_ms) / max(1, len(words))
         bounds_ms = [start_ms + span_ms * i for i in range(len(words) + 1)]
@@ -340,9 +338,3 @@ class DeepgramDialect:
                 "model_info": {self._model_uuid: self._model},
             }
         )
-
-
-def _plain(token: str) -> str:
-    """A word as Deepgram writes it without punctuation: lower case, no edge punctuation
-    (spaced as the token was)."""
-    return same_spacing(token, _EDGE_PUNCTUATION.sub("", token).lower())

@@ -88,6 +88,11 @@ class EngineResult:
     spaced: bool = True
 
 
+def begins_with_space(written: str) -> bool:
+    """`EngineResult.spaced` of a decode whose text, before stripping, is `written`."""
+    return not written[:1] or written[:1].isspace()
+
+
 class PhaseTimes:
     """Wall time an engine spends in each phase of its batches (phases named by the engine).
     The engine thread adds to it while decoding and the scheduler, on the same thread, drains

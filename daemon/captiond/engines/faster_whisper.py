@@ -25,6 +25,7 @@ from captiond.engines import (
     EngineRequest,
     EngineResult,
     PhaseTimes,
+    begins_with_space,
     choose_language,
     fit_prompt,
     text_tokens,
@@ -235,7 +236,7 @@ class FasterWhisperEngine:
             no_speech_prob=float(out.no_speech_prob),
             compression_ratio=compression_ratio(text),
             unit_probs=unit_probs,
-            spaced=not written[:1] or written[:1].isspace(),
+            spaced=begins_with_space(written),
         )
 
 

@@ -33,6 +33,7 @@ from captiond.engines import (
     EngineRequest,
     EngineResult,
     PhaseTimes,
+    begins_with_space,
     choose_language,
     unit_probabilities,
     window_frames,
@@ -260,7 +261,7 @@ class TorchGraphEngine:
                     language=language,
                     language_probability=probability,
                     unit_probs=unit_probs,
-                    spaced=not written[:1] or written[:1].isspace(),
+                    spaced=begins_with_space(written),
                 )
             )
         return results
