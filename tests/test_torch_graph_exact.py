@@ -268,3 +268,23 @@ def test_phases_account_for_the_batch(engine: TorchGraphEngine, clips: list[Engi
     assert all(s >= 0 for s in phases.values())
     assert 0.5 * wall_s < sum(phases.values()) <= wall_s
     assert engine.phases.drain() == {}
+
+
+def test_attention_never_asks_for_cudnn(
+    engine: TorchGraphEngine, clips: list[EngineRequest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every attention call of a batch (encoder, prefill, step) runs with cuDNN attention off:
+    on Hopper GPUs torch would try it first, and it plans each new shape on the host."""
+    from captiond.engines.torch_graph import model
+
+    sdpa = model.F.scaled_dot_product_attention
+    cudnn_allowed: list[bool] = []
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        cudnn_allowed.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(model.F, "scaled_dot_product_attention", recording)
+    engine.transcribe_batch(clips[:2])
+    assert cudnn_allowed and not any(cudnn_allowed)
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored after the batch

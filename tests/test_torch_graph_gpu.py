@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 from captiond.config import EngineConfig  # noqa: E402
 from captiond.engines import DecodeKind, EngineRequest  # noqa: E402
 from captiond.engines.torch_graph import TorchGraphEngine  # noqa: E402
+from captiond.engines.torch_graph.model import inference  # noqa: E402
 from captiond.errors import ModelNotFoundError  # noqa: E402
 from captiond.models import resolve_model  # noqa: E402
 
@@ -99,7 +100,7 @@ def test_fp16_tokens_match_fp32(graphed: TorchGraphEngine, clips: list[EngineReq
 def test_captured_step_does_not_sync(graphed: TorchGraphEngine, clips: list[EngineRequest]) -> None:
     batch = clips[:3]
     plans = [graphed.tokens.prompt(r.prompt, r.language) for r in batch]
-    with torch.no_grad():
+    with inference():
         graphed.decoder.encode(graphed.mel([r.audio for r in batch]).to(graphed.dtype))
         graphed.decoder.prefill(plans, 4)
         torch.cuda.synchronize()

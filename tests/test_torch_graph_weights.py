@@ -12,7 +12,12 @@ torch = pytest.importorskip("torch")
 
 from captiond.engines.torch_graph.cuda_graph import bucket_for, bucket_sizes  # noqa: E402
 from captiond.engines.torch_graph.kv_cache import allocate_cache, bytes_per_row  # noqa: E402
-from captiond.engines.torch_graph.mel import STAGED_SAMPLES, WINDOW_SAMPLES, stage_clip  # noqa: E402
+from captiond.engines.torch_graph.mel import (  # noqa: E402
+    STAGED_SAMPLES,
+    WINDOW_SAMPLES,
+    MelFrontend,
+    stage_clip,
+)
 from captiond.engines.torch_graph.model import build_model  # noqa: E402
 from captiond.engines.torch_graph.weights import (  # noqa: E402
     dims_from_tensors,
@@ -120,12 +125,23 @@ def test_cuda_batch_rows_fit_a_quarter_of_the_gpu_and_16_gib() -> None:
 
 @pytest.mark.parametrize("n_samples", [0, 1, 39, 40, 41, 239, 240, 241, 16_000, 480_000, 500_000])
 def test_mel_staging_is_faster_whispers_padding(n_samples: int) -> None:
-    """The in-place staging equals faster-whisper's tail pad + np.pad reflect, any clip length."""
+    """The in-place staging equals faster-whisper's tail pad + np.pad reflect, any clip length,
+    and leaves the rest of the row (the last batch's samples) alone."""
     clip = np.random.default_rng(n_samples).standard_normal(n_samples).astype(np.float32)
     clip = clip[:WINDOW_SAMPLES]
-    expected = np.zeros(STAGED_SAMPLES, np.float32)
     centred = np.pad(np.pad(clip, (0, 160)), 200, mode="reflect")
-    expected[: centred.size] = centred
     row = np.full(STAGED_SAMPLES, np.nan, np.float32)  # the staging row holds the last batch
     stage_clip(row, clip)
-    assert np.array_equal(row, expected)
+    assert np.array_equal(row[: centred.size], centred)
+    assert np.isnan(row[centred.size :]).all()
+
+
+def test_log_mel_ignores_what_the_last_batch_left_in_staging() -> None:
+    """A short clip staged over a long one's samples gives the log-mel of a fresh buffer."""
+    rng = np.random.default_rng(7)
+    long_clip = (rng.standard_normal(480_000) * 0.1).astype(np.float32)
+    short_clip = (rng.standard_normal(3_000) * 0.1).astype(np.float32)
+    fresh = MelFrontend(80, 2, torch.device("cpu"))([short_clip, long_clip[:40]])
+    reused = MelFrontend(80, 2, torch.device("cpu"))
+    reused([long_clip, long_clip])
+    assert torch.equal(reused([short_clip, long_clip[:40]]), fresh)

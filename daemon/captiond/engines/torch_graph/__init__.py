@@ -42,7 +42,7 @@ from captiond.engines.torch_graph.cuda_graph import StepGraphs, bucket_for, buck
 from captiond.engines.torch_graph.decode import DecodedRow, GreedyDecoder
 from captiond.engines.torch_graph.kv_cache import allocate_cache, bytes_per_row
 from captiond.engines.torch_graph.mel import MelFrontend
-from captiond.engines.torch_graph.model import build_model
+from captiond.engines.torch_graph.model import build_model, inference
 from captiond.engines.torch_graph.tokens import WhisperTokens, compression_ratio
 from captiond.engines.torch_graph.weights import (
     ModelDims,
@@ -190,7 +190,7 @@ class TorchGraphEngine:
             language=None,
         )
         self.transcribe_batch([silence])
-        with torch.no_grad():
+        with inference():
             self.graphs.capture()
 
     def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
@@ -216,7 +216,7 @@ class TorchGraphEngine:
             return []
         bucket = bucket_for(n, self.graphs.buckets)
         phase = self.phases.phase
-        with torch.no_grad():
+        with inference():
             with phase("encode"):
                 languages = self._encode_and_detect(requests, frames)
             with phase("prefill"):

@@ -21,6 +21,7 @@ from captiond.config import EngineConfig
 from captiond.engines import DecodeKind, EngineRequest
 from captiond.engines.torch_graph import TorchGraphEngine
 from captiond.engines.torch_graph.cuda_graph import bucket_for
+from captiond.engines.torch_graph.model import inference
 
 SAMPLE_RATE_HZ = 16_000
 
@@ -49,7 +50,7 @@ def _step_us(engine: TorchGraphEngine, bucket: int, steps: int, graphed: bool) -
         for _ in range(steps):
             run(bucket)
 
-    with torch.no_grad():
+    with inference():
         loop()  # warm: first calls select kernels
         return timed_s(engine.device, loop) / steps * 1e6
 
@@ -64,7 +65,7 @@ def _measure_batch(
     audios = [audio] * batch
     requests = [EngineRequest(audio=audio, kind=DecodeKind.FINAL)] * batch
     bucket = bucket_for(batch, engine.graphs.buckets)
-    with torch.no_grad():
+    with inference():
         mel_s = timed_s(engine.device, lambda: engine.mel(audios))
         mel = engine.mel(audios).to(engine.dtype)
         encoder_s = timed_s(engine.device, lambda: engine.decoder.encode(mel))

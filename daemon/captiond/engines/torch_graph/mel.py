@@ -56,21 +56,21 @@ def valid_frames(n_samples: int) -> int:
 
 
 def stage_clip(row: npt.NDArray[np.float32], clip: npt.NDArray[np.float32]) -> None:
-    """`row` = the clip, tail-padded with zeros, then reflect-padded for STFT centring, then
-    zeros. Reflect-padded on the host (the reflection depends on each clip's own end), in place:
-    the clip is copied once, not three times as with np.pad."""
+    """`row` starts with the clip, tail-padded with zeros and reflect-padded for STFT centring
+    (the reflection depends on each clip's own end), written in place: the clip is copied once,
+    not three times as with np.pad. The rest of the row keeps what an earlier batch left there:
+    only frames past the clip's own (`valid_frames`) read it, and `_log_mel` masks those.
+    Zeroing it cost 9 % of the engine thread at 1,000 streams on an H200."""
     pad = _CENTRE_PAD_SAMPLES
     signal = clip.size + _TAIL_PAD_SAMPLES
     if signal <= pad:  # too short for one reflection: np.pad reflects back and forth
         centred = np.pad(np.pad(clip, (0, _TAIL_PAD_SAMPLES)), pad, mode="reflect")
         row[: centred.size] = centred
-        row[centred.size :] = 0.0
         return
     row[pad : pad + clip.size] = clip
     row[pad + clip.size : pad + signal] = 0.0
     row[:pad] = row[pad + 1 : 2 * pad + 1][::-1]
     row[pad + signal : 2 * pad + signal] = row[signal - 1 : pad + signal - 1][::-1]
-    row[2 * pad + signal :] = 0.0
 
 
 class MelFrontend:

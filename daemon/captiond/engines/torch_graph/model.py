@@ -7,17 +7,35 @@ Nothing here allocates per step except activations, so the decode step can be gr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from captiond.engines.torch_graph.kv_cache import KVCache
 from captiond.engines.torch_graph.weights import ModelDims
 
 _LN_EPS = 1e-5
+
+# The attention kernels every call of this model may use: not cuDNN. torch puts cuDNN first on
+# Hopper GPUs (sm90 with a recent cuDNN), and cuDNN builds an execution plan on the host for each
+# new shape, while the eager encoder and prefill see new shapes batch after batch (rows, prompt
+# length, window length). At 1,000 streams on an H200 those three eager attention calls were
+# 41 % of the engine thread's samples (bench/results/pyspy-engine-tiny1000-h200.txt), other
+# eager operators 3 %. Flash and memory-efficient attention keep no per-shape plan.
+ATTENTION_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+
+@contextlib.contextmanager
+def inference() -> Iterator[None]:
+    """Where the model runs (eagerly, or captured into a graph): no autograd, and attention
+    from `ATTENTION_BACKENDS` only."""
+    with torch.no_grad(), sdpa_kernel(list(ATTENTION_BACKENDS)):
+        yield
 
 
 # Modules are built on the meta device: `build_model` binds the real tensors without copies.
