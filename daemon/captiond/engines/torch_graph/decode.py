@@ -51,6 +51,9 @@ class StepState:
     out_logprobs: torch.Tensor  # [B, n_text_ctx] float32, of each out_tokens
 
 
+_ROW_FIELDS = 3  # per prefill row after its prompt: last prompt index, sot index, token budget
+
+
 def _mask(n_vocab: int, token_ids: Sequence[int], device: torch.device) -> torch.Tensor:
     mask = torch.zeros(n_vocab, dtype=torch.float32)
     mask[[t for t in token_ids if t < n_vocab]] = float("-inf")
@@ -106,6 +109,16 @@ class GreedyDecoder:
             (rows, cache.n_text_ctx), dtype=torch.float32, pin_memory=pinned
         )
         self.host_no_speech = torch.zeros(rows, dtype=torch.float32, pin_memory=pinned)
+        # The prefill's inputs, a row per request: its prompt (padded), then the index of the
+        # prompt's last token and of <|startoftranscript|>, and its token budget. Staged here
+        # and sent in one non-blocking copy, since a copy from pageable memory holds the host
+        # until the device has run everything queued before it (the encoder, on CUDA).
+        self.host_inputs = torch.zeros(
+            rows * (cache.n_text_ctx + _ROW_FIELDS), dtype=torch.int64, pin_memory=pinned
+        )
+        self.inputs = torch.zeros_like(self.host_inputs, device=device)
+        # Marks the end of the last copy out of `host_inputs`, which the next prefill rewrites.
+        self._inputs_read: torch.cuda.Event | None = None
 
     def encode(self, mel: torch.Tensor, first_row: int = 0) -> None:
         """Batched encoder of rows first_row ..; its output lives only as the cross-attention
@@ -120,14 +133,34 @@ class GreedyDecoder:
         logits = self.model.decoder.logits(hidden[:, 0])
         return torch.softmax(logits.index_select(-1, self.language_ids), dim=-1)
 
-    def prefill(self, plans: Sequence[PromptPlan], bucket: int) -> torch.Tensor:
-        """Run the prompts, pick each row's first token, arm the step state; returns p(nospeech)."""
-        n = len(plans)
+    def _send_inputs(self, plans: Sequence[PromptPlan]) -> torch.Tensor:
+        """[n, longest prompt + _ROW_FIELDS] on the device: prompts right-padded with
+        <|endoftext|>, then each row's last prompt index, <|startoftranscript|> index and
+        token budget. Queued without waiting for the device."""
         longest = max(len(plan.tokens) for plan in plans)
-        padded = [list(plan.tokens) + [self.eot] * (longest - len(plan.tokens)) for plan in plans]
-        prompt = torch.tensor(padded, dtype=torch.int64).to(self.device)
-        last = torch.tensor([len(plan.tokens) - 1 for plan in plans]).to(self.device)
-        sot = torch.tensor([plan.sot_index for plan in plans]).to(self.device)
+        shape = (len(plans), longest + _ROW_FIELDS)
+        if self._inputs_read is not None:
+            self._inputs_read.synchronize()
+        host = self.host_inputs[: shape[0] * shape[1]].view(shape)
+        table = host.numpy()
+        table[:, :longest] = self.eot
+        for row, plan in enumerate(plans):
+            table[row, : len(plan.tokens)] = plan.tokens
+            table[row, longest:] = (len(plan.tokens) - 1, plan.sot_index, plan.max_new_tokens)
+        inputs = self.inputs[: shape[0] * shape[1]].view(shape)
+        inputs.copy_(host, non_blocking=True)
+        if self.device.type == "cuda":
+            self._inputs_read = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self._inputs_read.record()
+        return inputs
+
+    def prefill(self, plans: Sequence[PromptPlan], bucket: int) -> torch.Tensor:
+        """Run the prompts, pick each row's first token, arm the step state; returns p(nospeech).
+        Nothing here waits for the device."""
+        n = len(plans)
+        inputs = self._send_inputs(plans)
+        prompt = inputs[:, :-_ROW_FIELDS]
+        last, sot, max_new = inputs[:, -_ROW_FIELDS:].unbind(dim=1)
         hidden = self.model.decoder.prefill(prompt, self.cache)
         rows = torch.arange(n, device=self.device)
         logits = self.model.decoder.logits(torch.cat([hidden[rows, last], hidden[rows, sot]]))
@@ -135,7 +168,6 @@ class GreedyDecoder:
         no_speech = torch.softmax(logits[n:], dim=-1)[:, self.tokens.special.no_speech]
 
         state = self.state
-        max_new = torch.tensor([plan.max_new_tokens for plan in plans]).to(self.device)
         # Padding rows of the bucket are born finished: the step leaves them untouched.
         state.finished[:bucket].fill_(True)
         state.finished[:n].copy_((first == self.eot) | (max_new <= 1))

@@ -81,33 +81,38 @@ class MelFrontend:
         self.filters = torch.from_numpy(slaney_mel_filters(n_mels)).to(device)
         self.window = torch.hann_window(N_FFT, periodic=True, dtype=torch.float32, device=device)
         # Pinned so the host-to-device copy is a true async DMA (pinning needs CUDA).
+        pinned = device.type == "cuda"
         self.staging = torch.zeros(
-            (max_batch, STAGED_SAMPLES), dtype=torch.float32, pin_memory=device.type == "cuda"
+            (max_batch, STAGED_SAMPLES), dtype=torch.float32, pin_memory=pinned
         )
         self.staged = torch.zeros((max_batch, STAGED_SAMPLES), dtype=torch.float32, device=device)
+        # Each row's own frames (`valid_frames`), sent the same way.
+        self.host_valid = torch.zeros(max_batch, dtype=torch.int64, pin_memory=pinned)
+        self.valid = torch.zeros(max_batch, dtype=torch.int64, device=device)
         self.frame_index = torch.arange(N_FRAMES + 2, device=device)
-        # Marks the end of the last host-to-device copy out of `staging`: a second call in one
-        # batch (language detection, then the decode window) must not overwrite the pinned
-        # buffer while the first copy may still be reading it.
+        # Marks the end of the last host-to-device copies out of `staging` and `host_valid`: a
+        # second call in one batch (language detection, then the decode window) must not
+        # overwrite the pinned buffers while the first copies may still be reading them.
         self._staging_read: torch.cuda.Event | None = None
 
     def __call__(self, audios: Sequence[npt.NDArray[np.float32]]) -> torch.Tensor:
         """Clips longer than 30 s are cut to their first 30 s."""
         n = len(audios)
-        n_valid = []
         if self._staging_read is not None:
             self._staging_read.synchronize()
         staging = self.staging.numpy()
+        host_valid = self.host_valid.numpy()
         for row, audio in enumerate(audios):
             clip = np.asarray(audio[:WINDOW_SAMPLES], dtype=np.float32)
             stage_clip(staging[row], clip)
-            n_valid.append(valid_frames(clip.size))
-        staged = self.staged[:n]
+            host_valid[row] = valid_frames(clip.size)
+        staged, valid = self.staged[:n], self.valid[:n]
         staged.copy_(self.staging[:n], non_blocking=True)
+        valid.copy_(self.host_valid[:n], non_blocking=True)
         if self.device.type == "cuda":
             self._staging_read = torch.cuda.Event()  # type: ignore[no-untyped-call]
             self._staging_read.record()
-        return self._log_mel(staged, torch.tensor(n_valid).to(self.device, non_blocking=True))
+        return self._log_mel(staged, valid)
 
     def _log_mel(self, staged: torch.Tensor, n_valid: torch.Tensor) -> torch.Tensor:
         spectrum = torch.stft(
