@@ -156,7 +156,7 @@ class GreedyDecoder:
 
     def prefill(self, plans: Sequence[PromptPlan], bucket: int) -> torch.Tensor:
         """Run the prompts, pick each row's first token, arm the step state; returns p(nospeech).
-        Nothing here waits for the device."""
+        Queues all of it without waiting for the work queued before (the encoder)."""
         n = len(plans)
         inputs = self._send_inputs(plans)
         prompt = inputs[:, :-_ROW_FIELDS]

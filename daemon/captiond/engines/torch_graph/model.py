@@ -21,12 +21,14 @@ from captiond.engines.torch_graph.weights import ModelDims
 
 _LN_EPS = 1e-5
 
-# The attention kernels every call of this model may use: not cuDNN. torch puts cuDNN first on
-# Hopper GPUs (sm90 with a recent cuDNN), and cuDNN builds an execution plan on the host for each
-# new shape, while the eager encoder and prefill see new shapes batch after batch (rows, prompt
-# length, window length). At 1,000 streams on an H200 those three eager attention calls were
-# 41 % of the engine thread's samples (bench/results/pyspy-engine-tiny1000-h200.txt), other
-# eager operators 3 %. Flash and memory-efficient attention keep no per-shape plan.
+# The attention kernels every call of this model may use: not cuDNN. Recent CUDA 13 builds of
+# torch try cuDNN first on Hopper GPUs (sm90, cuDNN newer than 9.15), and cuDNN builds an
+# execution plan on the host for each new shape, while the eager encoder and prefill see new
+# shapes batch after batch (rows, prompt length, window length). At 1,000 streams on an H200
+# those three eager attention calls were 41 % of the engine thread's samples, every other eager
+# operator 3 % (bench/results/pyspy-engine-tiny1000-h200.txt): per-shape planning is the likely
+# cause (that run did not record which backend ran). Flash and memory-efficient attention keep
+# no per-shape plan.
 ATTENTION_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 
 
