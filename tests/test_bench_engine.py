@@ -37,6 +37,9 @@ def test_bench_engine_cpu_smoke(tmp_path: Path) -> None:
     assert report["config"]["beside_python"] == 0.5
     torch_graph = report["engines"]["torch_graph"]
     assert torch_graph["graphs"] is False and torch_graph["peak_host_rss_bytes"] > 0
+    # On the CPU both orders pick the same kernel; on Hopper GPUs the default is where cuDNN shows.
+    kernels = torch_graph["attention_kernel"]
+    assert kernels["torch_graph"] == kernels["torch_default"] != "CUDNN_ATTENTION"
     for batch in ("1", "2"):
         row = torch_graph["batches"][batch]
         assert row["encoder_ms_per_window"] > 0 and row["decode_eager_us_per_token"] > 0

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import torch
+from torch.nn.attention import SDPBackend
 
 from captiond.config import EngineConfig
 from captiond.engines import DecodeKind, EngineRequest
@@ -94,6 +95,22 @@ def _measure_batch(
     return row
 
 
+def _attention_kernels(engine: TorchGraphEngine) -> dict[str, str]:
+    """The attention kernel torch picks for one 30-s window's encoder self-attention, by its
+    own order and inside `inference()` (where torch_graph runs): on Hopper GPUs the first shows
+    whether torch would have taken cuDNN's."""
+    dims = engine.model.dims
+    shape = (1, dims.n_audio_head, dims.n_audio_ctx, dims.n_audio_state // dims.n_audio_head)
+    q = torch.zeros(shape, dtype=engine.dtype, device=engine.device)
+
+    def chosen() -> str:
+        return SDPBackend(torch._fused_sdp_choice(q, q, q)).name
+
+    by_default = chosen()
+    with inference():
+        return {"torch_default": by_default, "torch_graph": chosen()}
+
+
 def measure(
     model_path: Path,
     device: str,
@@ -126,6 +143,7 @@ def measure(
         "compiled_step": engine.graphs.compiled,
         "warmup_s": warmup_s,
         "kv_cache_bytes": engine.cache.n_bytes,
+        "attention_kernel": _attention_kernels(engine),
         "batches": per_batch,
         **memory,
     }
