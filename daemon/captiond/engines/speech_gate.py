@@ -95,13 +95,12 @@ class GatedEngine:
 
     def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
         with self.phases.phase("speech_gate"):
-            asked = [r for r in requests if r.speech_from_sample is not None]
-            verdicts = iter(
-                self._pool.map(lambda r: has_speech(r.audio[r.speech_from_sample :]), asked)
+            asked = [i for i, r in enumerate(requests) if r.speech_from_sample is not None]
+            heard = self._pool.map(
+                lambda i: has_speech(requests[i].audio[requests[i].speech_from_sample :]), asked
             )
-            passed = [
-                i for i, r in enumerate(requests) if r.speech_from_sample is None or next(verdicts)
-            ]
+            silent = {i for i, speech in zip(asked, heard, strict=True) if not speech}
+            passed = [i for i in range(len(requests)) if i not in silent]
         self.gated += len(requests) - len(passed)
         decoded = self._engine.transcribe_batch([requests[i] for i in passed]) if passed else []
         results = [NO_SPEECH] * len(requests)

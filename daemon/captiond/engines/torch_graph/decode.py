@@ -26,6 +26,7 @@ import torch
 
 from captiond.engines.torch_graph.kv_cache import KVCache
 from captiond.engines.torch_graph.model import Whisper
+from captiond.engines.torch_graph.staging import Staged
 from captiond.engines.torch_graph.tokens import PromptPlan, WhisperTokens
 
 
@@ -110,15 +111,9 @@ class GreedyDecoder:
         )
         self.host_no_speech = torch.zeros(rows, dtype=torch.float32, pin_memory=pinned)
         # The prefill's inputs, a row per request: its prompt (padded), then the index of the
-        # prompt's last token and of <|startoftranscript|>, and its token budget. Staged here
-        # and sent in one non-blocking copy, since a copy from pageable memory holds the host
-        # until the device has run everything queued before it (the encoder, on CUDA).
-        self.host_inputs = torch.zeros(
-            rows * (cache.n_text_ctx + _ROW_FIELDS), dtype=torch.int64, pin_memory=pinned
-        )
-        self.inputs = torch.zeros_like(self.host_inputs, device=device)
-        # Marks the end of the last copy out of `host_inputs`, which the next prefill rewrites.
-        self._inputs_read: torch.cuda.Event | None = None
+        # prompt's last token and of <|startoftranscript|>, and its token budget; one copy, and
+        # the host does not wait for the encoder before it queues the prefill.
+        self.inputs = Staged(rows * (cache.n_text_ctx + _ROW_FIELDS), torch.int64, device)
 
     def encode(self, mel: torch.Tensor, first_row: int = 0) -> None:
         """Batched encoder of rows first_row ..; its output lives only as the cross-attention
@@ -139,20 +134,12 @@ class GreedyDecoder:
         token budget. Queued without waiting for the device."""
         longest = max(len(plan.tokens) for plan in plans)
         shape = (len(plans), longest + _ROW_FIELDS)
-        if self._inputs_read is not None:
-            self._inputs_read.synchronize()
-        host = self.host_inputs[: shape[0] * shape[1]].view(shape)
-        table = host.numpy()
+        table = self.inputs.write(shape)
         table[:, :longest] = self.eot
         for row, plan in enumerate(plans):
             table[row, : len(plan.tokens)] = plan.tokens
             table[row, longest:] = (len(plan.tokens) - 1, plan.sot_index, plan.max_new_tokens)
-        inputs = self.inputs[: shape[0] * shape[1]].view(shape)
-        inputs.copy_(host, non_blocking=True)
-        if self.device.type == "cuda":
-            self._inputs_read = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            self._inputs_read.record()
-        return inputs
+        return self.inputs.send(shape)
 
     def prefill(self, plans: Sequence[PromptPlan], bucket: int) -> torch.Tensor:
         """Run the prompts, pick each row's first token, arm the step state; returns p(nospeech).

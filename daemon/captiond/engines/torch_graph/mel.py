@@ -1,7 +1,8 @@
 """Log-mel features on the device, bit-for-bit faster-whisper's recipe up to float rounding.
 
-Owns the Slaney mel filterbank, the periodic Hann window and the pinned host buffer audio is
-staged through. Runs on the engine thread only (the staging buffer is reused batch after batch).
+Owns the Slaney mel filterbank, the periodic Hann window and the staging buffers audio goes to
+the device through (staging.py). Runs on the engine thread only (the staging buffers are reused
+batch after batch).
 
 Recipe (faster_whisper/feature_extractor.py): append 160 zero samples, reflect-pad 200 samples on
 each side (STFT centring), frames of 400 every 160 samples, drop the last frame, power spectrum,
@@ -19,6 +20,7 @@ import torch
 
 from captiond import SAMPLE_RATE_HZ
 from captiond.engines import HOP_SAMPLES, N_FRAMES
+from captiond.engines.torch_graph.staging import Staged
 
 N_FFT = 400
 WINDOW_SAMPLES = N_FRAMES * HOP_SAMPLES  # 30 s
@@ -80,39 +82,21 @@ class MelFrontend:
         self.device = device
         self.filters = torch.from_numpy(slaney_mel_filters(n_mels)).to(device)
         self.window = torch.hann_window(N_FFT, periodic=True, dtype=torch.float32, device=device)
-        # Pinned so the host-to-device copy is a true async DMA (pinning needs CUDA).
-        pinned = device.type == "cuda"
-        self.staging = torch.zeros(
-            (max_batch, STAGED_SAMPLES), dtype=torch.float32, pin_memory=pinned
-        )
-        self.staged = torch.zeros((max_batch, STAGED_SAMPLES), dtype=torch.float32, device=device)
-        # Each row's own frames (`valid_frames`), sent the same way.
-        self.host_valid = torch.zeros(max_batch, dtype=torch.int64, pin_memory=pinned)
-        self.valid = torch.zeros(max_batch, dtype=torch.int64, device=device)
+        # The clips and each one's own frames (`valid_frames`). A second call in one batch
+        # (language detection, then the decode window) waits for the first one's copies.
+        self.staging = Staged(max_batch * STAGED_SAMPLES, torch.float32, device)
+        self.n_valid = Staged(max_batch, torch.int64, device)
         self.frame_index = torch.arange(N_FRAMES + 2, device=device)
-        # Marks the end of the last host-to-device copies out of `staging` and `host_valid`: a
-        # second call in one batch (language detection, then the decode window) must not
-        # overwrite the pinned buffers while the first copies may still be reading them.
-        self._staging_read: torch.cuda.Event | None = None
 
     def __call__(self, audios: Sequence[npt.NDArray[np.float32]]) -> torch.Tensor:
         """Clips longer than 30 s are cut to their first 30 s."""
-        n = len(audios)
-        if self._staging_read is not None:
-            self._staging_read.synchronize()
-        staging = self.staging.numpy()
-        host_valid = self.host_valid.numpy()
+        rows, n = (len(audios), STAGED_SAMPLES), (len(audios),)
+        staging, n_valid = self.staging.write(rows), self.n_valid.write(n)
         for row, audio in enumerate(audios):
             clip = np.asarray(audio[:WINDOW_SAMPLES], dtype=np.float32)
             stage_clip(staging[row], clip)
-            host_valid[row] = valid_frames(clip.size)
-        staged, valid = self.staged[:n], self.valid[:n]
-        staged.copy_(self.staging[:n], non_blocking=True)
-        valid.copy_(self.host_valid[:n], non_blocking=True)
-        if self.device.type == "cuda":
-            self._staging_read = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            self._staging_read.record()
-        return self._log_mel(staged, valid)
+            n_valid[row] = valid_frames(clip.size)
+        return self._log_mel(self.staging.send(rows), self.n_valid.send(n))
 
     def _log_mel(self, staged: torch.Tensor, n_valid: torch.Tensor) -> torch.Tensor:
         spectrum = torch.stft(
