@@ -255,6 +255,39 @@ def test_mixed_window_lengths_batch_as_one_at_a_time(
         assert ours.avg_logprob == pytest.approx(single.avg_logprob, abs=1e-4)
 
 
+def test_stream_windows_decode_as_whole_windows(
+    engine: TorchGraphEngine, clips: list[EngineRequest]
+) -> None:
+    """Two streams' growing and sliding windows, batched together: the engine keeps each
+    stream's audio and takes only what is new, and every decode equals the same window sent
+    whole (no stream)."""
+    long_audio = clips[len(clips) - 3].audio  # 25 s
+    short_audio = clips[0].audio
+    spans = [
+        [("long", 0, 6), ("short", 0, 2)],
+        [("long", 0, 9), ("short", 0, len(short_audio) / 16_000)],
+        [("long", 4, 17)],  # the next utterance, with context reaching back
+        [("long", 10, 25), ("short", 1, len(short_audio) / 16_000)],
+    ]
+    audio = {"long": long_audio, "short": short_audio}
+    for batch in spans:
+        requests = []
+        for name, start_s, end_s in batch:
+            start, end = round(start_s * 16_000), round(end_s * 16_000)
+            requests.append(
+                dataclasses.replace(
+                    clips[0], audio=audio[name][start:end], stream=name, end_sample=end
+                )
+            )
+        sent = engine.audio.samples_sent
+        kept = engine.transcribe_batch(requests)
+        if batch is spans[1]:  # each stream's window continues its last: only the new audio
+            assert engine.audio.samples_sent - sent == 3 * 16_000 + len(short_audio) - 2 * 16_000
+        whole = engine.transcribe_batch([dataclasses.replace(r, stream=None) for r in requests])
+        assert [r.tokens for r in kept] == [r.tokens for r in whole]
+        assert kept[0].tokens, "the long clip's window has speech"
+
+
 def test_phases_account_for_the_batch(engine: TorchGraphEngine, clips: list[EngineRequest]) -> None:
     """The scheduler reports where a batch's time goes: every phase is timed, none twice."""
     import time

@@ -10,15 +10,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from captiond.engines import DecodeKind, EngineRequest  # noqa: E402
 from captiond.engines.torch_graph.cuda_graph import bucket_for, bucket_sizes  # noqa: E402
 from captiond.engines.torch_graph.kv_cache import allocate_cache, bytes_per_row  # noqa: E402
-from captiond.engines.torch_graph.mel import (  # noqa: E402
-    STAGED_SAMPLES,
-    WINDOW_SAMPLES,
-    MelFrontend,
-    stage_clip,
-)
+from captiond.engines.torch_graph.mel import MelFrontend  # noqa: E402
 from captiond.engines.torch_graph.model import build_model  # noqa: E402
+from captiond.engines.torch_graph.stream_audio import (  # noqa: E402
+    RING_SAMPLES,
+    WINDOW_SAMPLES,
+    StreamAudio,
+)
 from captiond.engines.torch_graph.weights import (  # noqa: E402
     dims_from_tensors,
     load_tensors,
@@ -123,25 +124,70 @@ def test_cuda_batch_rows_fit_a_quarter_of_the_gpu_and_16_gib() -> None:
         assert rows(shape, gpu_gb) * cache.n_bytes <= min(16 * 2**30, gpu_gb * 10**9 // 4)
 
 
+CPU = torch.device("cpu")
+
+
 @pytest.mark.parametrize("n_samples", [0, 1, 39, 40, 41, 239, 240, 241, 16_000, 480_000, 500_000])
-def test_mel_staging_is_faster_whispers_padding(n_samples: int) -> None:
-    """The in-place staging equals faster-whisper's tail pad + np.pad reflect, any clip length,
-    and leaves the rest of the row (the last batch's samples) alone."""
+def test_centred_clip_is_faster_whispers_padding(n_samples: int) -> None:
+    """The gathered signal equals faster-whisper's tail pad + np.pad reflect (reflected again
+    and again where the clip is shorter than the pad), any clip length; past 30 s, cut."""
     clip = np.random.default_rng(n_samples).standard_normal(n_samples).astype(np.float32)
-    clip = clip[:WINDOW_SAMPLES]
-    centred = np.pad(np.pad(clip, (0, 160)), 200, mode="reflect")
-    row = np.full(STAGED_SAMPLES, np.nan, np.float32)  # the staging row holds the last batch
-    stage_clip(row, clip)
-    assert np.array_equal(row[: centred.size], centred)
-    assert np.isnan(row[centred.size :]).all()
+    centred = np.pad(np.pad(clip[:WINDOW_SAMPLES], (0, 160)), 200, mode="reflect")
+    audio = StreamAudio(4, 2, CPU)
+    audio.put_audio([np.ones(WINDOW_SAMPLES, np.float32)])  # the scratch ring's last clip
+    signal, n = audio.centred(audio.put_audio([clip]))
+    assert np.array_equal(signal[0, : centred.size].numpy(), centred)
+    assert int(n[0]) == min(n_samples, WINDOW_SAMPLES)
 
 
-def test_log_mel_ignores_what_the_last_batch_left_in_staging() -> None:
-    """A short clip staged over a long one's samples gives the log-mel of a fresh buffer."""
+def _window(stream: str, audio: np.ndarray, start: int, end: int) -> EngineRequest:
+    return EngineRequest(
+        audio=audio[start:end], kind=DecodeKind.PARTIAL, stream=stream, end_sample=end
+    )
+
+
+def test_stream_windows_send_only_new_audio_and_read_as_sent_whole() -> None:
+    """Streams' overlapping windows, past the ring's end, with more streams than rings (the
+    least recently decoded gives its ring up), a window reaching back before what is held, a
+    gap, and one stream twice in a batch: every window reads exactly its audio, and a window
+    continuing its stream's last sends only the samples after it."""
+    rng = np.random.default_rng(3)
+    streams = {name: rng.standard_normal(3 * RING_SAMPLES).astype(np.float32) for name in "abcde"}
+    audio = StreamAudio(4, 2, CPU)
+    sent: list[int] = []
+    batches = [
+        [("a", 0, 8_000), ("b", 0, 16_000)],
+        [("a", 0, 16_000), ("b", 8_000, 24_000)],  # a: 8,000 new; b: 8,000 new
+        [("a", RING_SAMPLES - 100_000, RING_SAMPLES + 300_000)],  # a gap: sent whole
+        [("a", RING_SAMPLES, RING_SAMPLES + 308_000)],  # across the ring's end: 8,000 new
+        [("c", 0, 4_000), ("d", 0, 4_000)],
+        # e takes the ring of b (decoded least recently), b then a's: both sent whole
+        [("e", 0, 4_000), ("b", 10_000, 24_000)],
+        [("a", RING_SAMPLES, RING_SAMPLES + 316_000)],  # a was given up: sent whole
+        [("a", RING_SAMPLES - 8_000, RING_SAMPLES + 316_000)],  # before what is held: whole
+        [("b", 20_000, 28_000), ("b", 24_000, 30_000)],  # twice: the second goes to scratch
+    ]
+    expected_sent = [24_000, 16_000, 400_000, 8_000, 8_000, 18_000, 316_000, 324_000, 10_000]
+    for batch in batches:
+        windows = [_window(name, streams[name], start, end) for name, start, end in batch]
+        before = audio.samples_sent
+        signal, n = audio.centred(audio.put(windows))
+        sent.append(audio.samples_sent - before)
+        for row, (name, start, end) in enumerate(batch):
+            clip = streams[name][start:end]
+            centred = np.pad(np.pad(clip, (0, 160)), 200, mode="reflect")
+            assert np.array_equal(signal[row, : centred.size].numpy(), centred), (name, start)
+            assert int(n[row]) == end - start
+    assert sent == expected_sent
+
+
+def test_log_mel_reads_only_the_clips_own_frames() -> None:
+    """A short clip's log-mel does not depend on the samples past its signal (another clip's,
+    in the same ring position of an earlier batch)."""
     rng = np.random.default_rng(7)
     long_clip = (rng.standard_normal(480_000) * 0.1).astype(np.float32)
     short_clip = (rng.standard_normal(3_000) * 0.1).astype(np.float32)
-    fresh = MelFrontend(80, 2, torch.device("cpu"))([short_clip, long_clip[:40]])
-    reused = MelFrontend(80, 2, torch.device("cpu"))
+    fresh = MelFrontend(80, StreamAudio(4, 2, CPU), CPU)([short_clip, long_clip[:40]])
+    reused = MelFrontend(80, StreamAudio(4, 2, CPU), CPU)
     reused([long_clip, long_clip])
     assert torch.equal(reused([short_clip, long_clip[:40]]), fresh)

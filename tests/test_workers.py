@@ -38,8 +38,9 @@ from daemon_harness import (
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from captiond.audio import KEEP_SAMPLES, AudioSpan
 from captiond.config import SourceConfig
-from captiond.ipc import KEEP_SAMPLES, AudioCopy, AudioSpan
+from captiond.ipc import AudioCopy
 from captiond.routing import SOURCES_WORKER, WorkerSlot, request_target, worker_for
 from captiond.routing import worker_of_session as owner
 

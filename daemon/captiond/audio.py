@@ -1,10 +1,14 @@
-"""Audio plumbing: PCM decoding, resampling to 16 kHz, 30 ms framing and the stream buffer.
+"""Audio plumbing: PCM decoding, resampling to 16 kHz, 30 ms framing, the stream buffer, and
+the rule by which a copy of a stream's audio elsewhere is kept up to date (`AudioSpan`).
 
-Sans-I/O values owned by one StreamSession, on the event-loop thread. Time is an integer sample
-clock at 16 kHz from the first sample of the stream; nothing here reads the wall clock.
+Sans-I/O values, each owned by one thread: a StreamSession's on the event-loop thread, an
+`AudioSpan` on whichever thread sends or holds the copy. Time is an integer sample clock at
+16 kHz from the first sample of the stream; nothing here reads the wall clock.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -16,6 +20,9 @@ Samples = npt.NDArray[np.float32]
 Pcm16 = npt.NDArray[np.int16]  # 16-bit PCM, what webrtcvad reads
 FRAME_SAMPLES = 480  # 30 ms at 16 kHz: a frame length webrtcvad accepts
 _MIN_BUFFER_SAMPLES = 10 * SAMPLE_RATE_HZ  # an AudioBuffer's smallest array
+# What a copy of a stream's audio elsewhere (the engine process, the GPU) keeps of its newest
+# samples: no decode window reaches further back.
+KEEP_SAMPLES = 30 * SAMPLE_RATE_HZ
 
 
 def samples_to_ms(samples: int) -> int:
@@ -148,3 +155,30 @@ class AudioBuffer:
         drop = min(max(0, sample - self._offset), self._fill - self._head)
         self._head += drop
         self._offset += drop
+
+
+@dataclass(slots=True)
+class AudioSpan:
+    """The stream samples [start, end) a copy of a stream's audio holds (the engine process's,
+    or the GPU's). Whoever sends the audio keeps one per stream to know what to send, and the
+    holder applies the same `advance` to its copy, so both agree without a reply."""
+
+    start: int = 0
+    end: int = 0
+
+    def send_from(self, window_start: int, window_end: int) -> int:
+        """The first sample of the window the copy lacks (`window_end`: none).
+        A window that starts before what is held, or after a gap, is sent whole."""
+        if self.start <= window_start and window_end <= self.end:
+            return window_end
+        if self.start <= window_start <= self.end < window_end:
+            return self.end
+        return window_start
+
+    def advance(self, from_sample: int, end_sample: int) -> None:
+        """Samples [from_sample, end_sample) were sent: appended when they continue what is
+        held, else they replace it; only the newest KEEP_SAMPLES stay."""
+        if from_sample != self.end:
+            self.start = from_sample
+        self.end = end_sample
+        self.start = max(self.start, self.end - KEEP_SAMPLES)

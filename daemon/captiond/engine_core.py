@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable
+from itertools import count
 
 from captiond import ipc
 from captiond.engines import EngineRequest
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 class EngineCore:
     def __init__(self, scheduler: InferenceScheduler) -> None:
         self.scheduler = scheduler
+        self._links = count()
 
     async def serve(
         self,
@@ -36,6 +38,7 @@ class EngineCore:
         """Serve one worker link until it closes; `on_status` hears of every message (None:
         not a status), since any message shows the worker is alive."""
         ipc.write(writer, ipc.Hello(self.scheduler.engine_info))
+        link = next(self._links)
         copies: dict[str, ipc.AudioCopy] = {}
         calls: dict[int, asyncio.Task[None]] = {}
         try:
@@ -44,10 +47,12 @@ class EngineCore:
                 if isinstance(message, ipc.Decode):
                     copy = copies.setdefault(message.stream, ipc.AudioCopy())
                     copy.put(message.audio_from_sample, message.audio)
-                    audio = copy.window(
-                        message.end_sample - message.window_samples, message.end_sample
+                    end = message.request.end_sample
+                    audio = copy.window(end - message.window_samples, end)
+                    # Stream keys are the worker's: named apart from another worker's.
+                    request = dataclasses.replace(
+                        message.request, audio=audio, stream=f"{link}/{message.stream}"
                     )
-                    request = dataclasses.replace(message.request, audio=audio)
                     calls[message.call] = asyncio.create_task(
                         self._decode(message.call, request, writer, calls)
                     )

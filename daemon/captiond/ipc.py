@@ -18,15 +18,12 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from captiond import SAMPLE_RATE_HZ
-from captiond.audio import AudioBuffer
+from captiond.audio import AudioBuffer, AudioSpan
 from captiond.engines import EngineInfo, EngineRequest, EngineResult
 
 _LENGTH = struct.Struct("!I")
 # The biggest message is a Decode with a whole 30-s window of float32 audio (1.9 MB).
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-# The engine process keeps this much of a stream's newest audio: no window reaches further back.
-KEEP_SAMPLES = 30 * SAMPLE_RATE_HZ
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,13 +33,12 @@ class Hello:
 
 @dataclass(frozen=True, slots=True)
 class Decode:
-    """Decode the window of `stream` that ends at `end_sample` and is `window_samples` long.
-    `audio` is what the engine process lacks of it, from `audio_from_sample` on; `request` is
-    the engine request without its audio."""
+    """Decode the window of `stream` that ends at `request.end_sample` and is `window_samples`
+    long. `audio` is what the engine process lacks of it, from `audio_from_sample` on;
+    `request` is the engine request without its audio."""
 
     call: int
     stream: str
-    end_sample: int
     window_samples: int
     audio_from_sample: int
     audio: npt.NDArray[np.float32]
@@ -92,33 +88,6 @@ async def read(reader: asyncio.StreamReader) -> Message | None:
     except (asyncio.IncompleteReadError, ConnectionError):
         return None
     return message
-
-
-@dataclass(slots=True)
-class AudioSpan:
-    """The stream samples [start, end) the engine process holds. The worker keeps one per
-    stream to know what to send; the core applies the same `advance` to its copy, so both
-    always agree without a reply."""
-
-    start: int = 0
-    end: int = 0
-
-    def send_from(self, window_start: int, window_end: int) -> int:
-        """The first sample of the window the engine process lacks (`window_end`: none).
-        A window that starts before what is held, or after a gap, is sent whole."""
-        if self.start <= window_start and window_end <= self.end:
-            return window_end
-        if self.start <= window_start <= self.end < window_end:
-            return self.end
-        return window_start
-
-    def advance(self, from_sample: int, end_sample: int) -> None:
-        """Samples [from_sample, end_sample) were sent: appended when they continue what is
-        held, else they replace it; only the newest KEEP_SAMPLES stay."""
-        if from_sample != self.end:
-            self.start = from_sample
-        self.end = end_sample
-        self.start = max(self.start, self.end - KEEP_SAMPLES)
 
 
 class AudioCopy:

@@ -1,7 +1,7 @@
 """EngineClient: a worker process's `Decoder`, decoding in the main process's engine core.
 
 Runs on the worker's event-loop thread. Each stream's audio moves to the engine process once:
-per stream an `ipc.AudioSpan` says what the core holds, and a decode sends only the part of its
+per stream an `AudioSpan` says what the core holds, and a decode sends only the part of its
 window the core lacks (normally the audio since the stream's previous decode). A withdrawn
 decode is cancelled in the core as well. When the link closes (the main process is gone), every
 waiting decode fails and `closed` is set: the worker then shuts down.
@@ -18,6 +18,7 @@ from itertools import count
 import numpy as np
 
 from captiond import ipc
+from captiond.audio import AudioSpan
 from captiond.engines import EngineInfo, EngineResult
 from captiond.errors import CaptiondError, EngineFailedError
 from captiond.metrics import Metrics
@@ -42,7 +43,7 @@ class EngineClient:
         self._stats = SchedulerStats()
         self._calls = count()
         self._waiting: dict[int, asyncio.Future[EngineResult]] = {}
-        self._spans: dict[str, ipc.AudioSpan] = {}
+        self._spans: dict[str, AudioSpan] = {}
         self.closed = asyncio.Event()
 
     @classmethod
@@ -69,7 +70,7 @@ class EngineClient:
         return self._stats
 
     def stream(self, key: str) -> Submit:
-        span = self._spans.setdefault(key, ipc.AudioSpan())
+        span = self._spans.setdefault(key, AudioSpan())
 
         async def submit(request: DecodeRequest) -> EngineResult:
             if self.closed.is_set():
@@ -88,7 +89,6 @@ class EngineClient:
                 ipc.Decode(
                     call=call,
                     stream=key,
-                    end_sample=end,
                     window_samples=len(audio),
                     audio_from_sample=send_from,
                     audio=audio[send_from - start :],

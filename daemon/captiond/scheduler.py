@@ -14,6 +14,7 @@ engine time in the daemon's metrics.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sys
 import threading
@@ -103,15 +104,17 @@ class InferenceScheduler:
         self._thread.start()
 
     def stream(self, key: str) -> Submit:
-        """In this process the request carries its audio: nothing is kept per stream."""
+        """In this process the request carries its audio; it names its stream, so that the
+        engine can keep the stream's audio between decodes (`EngineRequest.stream`)."""
 
         async def submit(request: DecodeRequest) -> EngineResult:
-            return await self.submit(request.engine_request)
+            return await self.submit(dataclasses.replace(request.engine_request, stream=key))
 
         return submit
 
     def forget(self, key: str) -> None:
-        """Nothing is kept per stream."""
+        """Nothing is kept per stream here (an engine that keeps audio lets the least recently
+        decoded stream's go first)."""
 
     def stop(self) -> None:
         """Finish the batch in progress, fail what is still queued, and join the thread."""

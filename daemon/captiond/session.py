@@ -464,6 +464,7 @@ class StreamSession:
                 prefix=join_texts((context.prefix, join_units(forced))),
                 beam_size=beam,
                 speech_from_sample=gate_from,
+                end_sample=end,
             ),
         )
 

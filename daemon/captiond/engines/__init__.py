@@ -53,6 +53,11 @@ class EngineRequest:
     decode in the language `choose_language` picks given `language_hint`, the session's
     language so far. An English-only model always decodes English. `task` is "transcribe" or
     "translate" (to English).
+
+    `stream` names the stream the window is from, and `end_sample` is where it ends on that
+    stream's sample clock: an engine may keep a stream's audio between its decodes (torch_graph
+    keeps it on the GPU) and take from `audio` only what it lacks. A stream's audio at a given
+    sample never changes. None: a one-off window, taken whole.
     """
 
     audio: npt.NDArray[np.float32]
@@ -65,6 +70,8 @@ class EngineRequest:
     prefix: str = ""
     beam_size: int = 1
     speech_from_sample: int | None = None
+    stream: str | None = None
+    end_sample: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

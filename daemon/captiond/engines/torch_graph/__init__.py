@@ -1,17 +1,19 @@
 """The torch_graph engine: FP16 Whisper with a CUDA-graph-captured decoder, batched across streams.
 
-Owns the wiring of weights, mel front end, encoder, static KV cache, greedy decoder and step
-graphs behind the `Engine` protocol. Built on the main thread by `load_engine`; every other call
-(warmup, transcribe_batch, close) runs on the engine thread only. This package is the only place
-in the daemon that imports torch (the bench's transformers peer is the other).
+Owns the wiring of weights, stream audio, mel front end, encoder, static KV cache, greedy decoder
+and step graphs behind the `Engine` protocol. Built on the main thread by `load_engine`; every other
+call (warmup, transcribe_batch, close) runs on the engine thread only. This package is the only
+place in the daemon that imports torch (the bench's transformers peer is the other).
 
-Per batch: log-mel on the device (audio staged through a pinned buffer), one batched encoder pass
-per window length (partials encode a trimmed window, as faster-whisper's; rows longest first)
-writing cross-attention K/V, language detection where a request asks for it (one eager decoder
-step; requests whose detection window starts later get their own batched encoder pass first),
-an eager prefill of the prompts (language and task tokens included), then the single-token step
-replayed from a CUDA graph of the batch's bucket; the host looks at the finished flags every
-`check_every_steps` steps. On the CPU the same code runs eagerly in FP32 (how CI tests it).
+Per batch: the audio the device lacks of each request's stream (normally only what arrived since the
+stream's last decode) through a pinned buffer into the stream's ring on the device, log-mel there of
+each window gathered from its ring, one batched encoder pass per window length (partials encode a
+trimmed window, as faster-whisper's; rows longest first) writing cross-attention K/V, language
+detection where a request asks for it (one eager decoder step; requests whose detection window
+starts later get their own batched encoder pass first), an eager prefill of the prompts (language
+and task tokens included), then the single-token step replayed from a CUDA graph of the batch's
+bucket; the host looks at the finished flags every `check_every_steps` steps. On the CPU the same
+code runs eagerly in FP32 (how CI tests it).
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
 import torch
 
 from captiond.config import EngineConfig
@@ -43,6 +44,7 @@ from captiond.engines.torch_graph.decode import DecodedRow, GreedyDecoder
 from captiond.engines.torch_graph.kv_cache import allocate_cache, bytes_per_row
 from captiond.engines.torch_graph.mel import MelFrontend
 from captiond.engines.torch_graph.model import build_model, inference
+from captiond.engines.torch_graph.stream_audio import RING_SAMPLES, Clip, StreamAudio
 from captiond.engines.torch_graph.tokens import WhisperTokens, compression_ratio
 from captiond.engines.torch_graph.weights import (
     ModelDims,
@@ -63,6 +65,10 @@ logger = logging.getLogger(__name__)
 MAX_BATCH_CUDA = 128
 KV_CACHE_BUDGET_BYTES = 16 * 2**30
 DEFAULT_MAX_BATCH_CPU = 8
+# The streams whose audio stays on the device between decodes (stream_audio.py), 2 MiB each: on
+# CUDA what fits a sixteenth of the GPU's memory, at most 4 GiB with the scratch rings (80 GB
+# H100: 1,920 streams with batches of 128); on the CPU two batches' worth.
+STREAM_AUDIO_BUDGET_BYTES = 4 * 2**30
 WARMUP_AUDIO_SAMPLES = 16_000
 
 
@@ -79,6 +85,15 @@ def _cuda_max_batch(dims: ModelDims, dtype: torch.dtype, device_bytes: int) -> i
     while rows > 1 and rows * bytes_per_row(dims, dtype) > budget_bytes:
         rows //= 2
     return rows
+
+
+def _stream_rings(max_batch: int, device_bytes: int | None) -> int:
+    """Stream rings for the device: see STREAM_AUDIO_BUDGET_BYTES (None: the CPU)."""
+    ring_bytes = RING_SAMPLES * 4
+    if device_bytes is None:
+        return 2 * max_batch
+    budget_bytes = min(STREAM_AUDIO_BUDGET_BYTES, device_bytes // 16)
+    return max(2 * max_batch, budget_bytes // ring_bytes - max_batch)
 
 
 def _detect_offset(request: EngineRequest) -> int:
@@ -142,7 +157,11 @@ class TorchGraphEngine:
         self._partial_min_frames = round(config.partial_window_min_s * 100)
         self._phases = PhaseTimes()
         self.cache = allocate_cache(dims, max_batch, self.device, self.dtype)
-        self.mel = MelFrontend(dims.n_mels, max_batch, self.device)
+        device_bytes = (
+            torch.cuda.get_device_properties(self.device).total_memory if on_cuda else None
+        )
+        self.audio = StreamAudio(_stream_rings(max_batch, device_bytes), max_batch, self.device)
+        self.mel = MelFrontend(dims.n_mels, self.audio, self.device)
         self.decoder = GreedyDecoder(self.model, self.cache, self.tokens, self.device)
         use_graphs = on_cuda if graphs is None else graphs
         self.graphs = StepGraphs(
@@ -152,21 +171,24 @@ class TorchGraphEngine:
             compiled=config.compile_step and on_cuda,
         )
         logger.info(
-            "torch_graph: %s on %s (%s), max batch %d, KV cache %.1f MiB",
+            "torch_graph: %s on %s (%s), max batch %d, KV cache %.1f MiB, "
+            "audio of %d streams %.1f MiB",
             self._model_name,
             self.device,
             str(self.dtype).removeprefix("torch."),
             max_batch,
             self.cache.n_bytes / 2**20,
+            self.audio.n_streams,
+            self.audio.n_bytes / 2**20,
         )
 
     @property
     def phases(self) -> PhaseTimes:
-        """encode (mel staging, log-mel, encoder, detection), prefill (prompts and their
-        prefill), decode (the steps, waiting on the finished flags), read_back (the last wait
-        for the device and the copy back), results (text and word probabilities). On CUDA the
-        device work is asynchronous: a phase that only queues work is fast, and the waits for
-        it show in decode and read_back."""
+        """encode (new audio to the device, log-mel, encoder, detection), prefill (prompts and
+        their prefill), decode (the steps, waiting on the finished flags), read_back (the last
+        wait for the device and the copy back), results (text and word probabilities). On CUDA
+        the device work is asynchronous: a phase that only queues work is fast, and the waits
+        for it show in decode and read_back."""
         return self._phases
 
     @property
@@ -266,14 +288,12 @@ class TorchGraphEngine:
             )
         return results
 
-    def _encode(
-        self, audios: Sequence[npt.NDArray[np.float32]], frames: Sequence[int] | None = None
-    ) -> None:
-        """Log-mel and encoder for `audios`, into the first rows of the cross-attention cache:
+    def _encode(self, clips: Sequence[Clip], frames: Sequence[int] | None = None) -> None:
+        """Log-mel and encoder for `clips`, into the first rows of the cross-attention cache:
         one encoder call per run of equal `frames` (mel frames, 30-s windows when None)."""
-        mel = self.mel(audios).to(self.dtype)
+        mel = self.mel.log_mel(clips).to(self.dtype)
         first = 0
-        for length, run in itertools.groupby(frames or [N_FRAMES] * len(audios)):
+        for length, run in itertools.groupby(frames or [N_FRAMES] * len(clips)):
             rows = len(list(run))
             self.decoder.encode(mel[first : first + rows, :, :length], first)
             first += rows
@@ -290,13 +310,14 @@ class TorchGraphEngine:
         of their own; the others are the decode window, so detection reads the decode
         encoding. One host transfer brings every probability back.
         """
+        clips = self.audio.put(requests)
         detect = [i for i, r in enumerate(requests) if r.language is None and self.multilingual]
         shifted = [i for i in detect if _detect_offset(requests[i]) > 0 or frames[i] < N_FRAMES]
         detected: list[torch.Tensor] = []
         if shifted:
-            self._encode([requests[i].audio[_detect_offset(requests[i]) :] for i in shifted])
+            self._encode([clips[i].after(_detect_offset(requests[i])) for i in shifted])
             detected.append(self.decoder.language_probs(len(shifted)))
-        self._encode([r.audio for r in requests], frames)
+        self._encode(clips, frames)
         in_place = [i for i in detect if i not in shifted]
         if in_place:
             # Rows 0 .. last in-place row; the rows between cost one token each.

@@ -1,8 +1,7 @@
 """Log-mel features on the device, bit-for-bit faster-whisper's recipe up to float rounding.
 
-Owns the Slaney mel filterbank, the periodic Hann window and the staging buffers audio goes to
-the device through (staging.py). Runs on the engine thread only (the staging buffers are reused
-batch after batch).
+Owns the Slaney mel filterbank and the periodic Hann window; the audio comes from the device's
+copy of each stream (stream_audio.py). Runs on the engine thread only.
 
 Recipe (faster_whisper/feature_extractor.py): append 160 zero samples, reflect-pad 200 samples on
 each side (STFT centring), frames of 400 every 160 samples, drop the last frame, power spectrum,
@@ -20,14 +19,14 @@ import torch
 
 from captiond import SAMPLE_RATE_HZ
 from captiond.engines import HOP_SAMPLES, N_FRAMES
-from captiond.engines.torch_graph.staging import Staged
+from captiond.engines.torch_graph.stream_audio import (
+    CENTRE_PAD_SAMPLES,
+    TAIL_PAD_SAMPLES,
+    Clip,
+    StreamAudio,
+)
 
-N_FFT = 400
-WINDOW_SAMPLES = N_FRAMES * HOP_SAMPLES  # 30 s
-_TAIL_PAD_SAMPLES = 160  # faster-whisper's `padding=160`
-_CENTRE_PAD_SAMPLES = N_FFT // 2
-# Longest centred signal: 30 s + tail pad + both centring pads; its STFT has N_FRAMES + 2 frames.
-STAGED_SAMPLES = WINDOW_SAMPLES + _TAIL_PAD_SAMPLES + 2 * _CENTRE_PAD_SAMPLES
+N_FFT = 2 * CENTRE_PAD_SAMPLES
 
 
 def slaney_mel_filters(n_mels: int) -> npt.NDArray[np.float32]:
@@ -52,59 +51,28 @@ def slaney_mel_filters(n_mels: int) -> npt.NDArray[np.float32]:
     return weights.astype(np.float32)
 
 
-def valid_frames(n_samples: int) -> int:
-    """Frames faster-whisper keeps for `n_samples` of audio before the 3000-frame pad or trim."""
-    return (n_samples + _TAIL_PAD_SAMPLES) // HOP_SAMPLES
-
-
-def stage_clip(row: npt.NDArray[np.float32], clip: npt.NDArray[np.float32]) -> None:
-    """`row` starts with the clip, tail-padded with zeros and reflect-padded for STFT centring
-    (the reflection depends on each clip's own end), written in place: the clip is copied once,
-    not three times as with np.pad. The rest of the row keeps what an earlier batch left there:
-    only frames past the clip's own (`valid_frames`) read it, and `_log_mel` masks those.
-    Zeroing it cost 9 % of the engine thread at 1,000 streams on an H200."""
-    pad = _CENTRE_PAD_SAMPLES
-    signal = clip.size + _TAIL_PAD_SAMPLES
-    if signal <= pad:  # too short for one reflection: np.pad reflects back and forth
-        centred = np.pad(np.pad(clip, (0, _TAIL_PAD_SAMPLES)), pad, mode="reflect")
-        row[: centred.size] = centred
-        return
-    row[pad : pad + clip.size] = clip
-    row[pad + clip.size : pad + signal] = 0.0
-    row[:pad] = row[pad + 1 : 2 * pad + 1][::-1]
-    row[pad + signal : 2 * pad + signal] = row[signal - 1 : pad + signal - 1][::-1]
-
-
 class MelFrontend:
-    """Turns a batch of float32 16 kHz clips into [B, n_mels, 3000] normalised log-mel."""
+    """Turns clips of the device's audio into [B, n_mels, 3000] normalised log-mel."""
 
-    def __init__(self, n_mels: int, max_batch: int, device: torch.device) -> None:
-        self.device = device
+    def __init__(self, n_mels: int, audio: StreamAudio, device: torch.device) -> None:
+        self.audio = audio
         self.filters = torch.from_numpy(slaney_mel_filters(n_mels)).to(device)
         self.window = torch.hann_window(N_FFT, periodic=True, dtype=torch.float32, device=device)
-        # The clips and each one's own frames (`valid_frames`). A second call in one batch
-        # (language detection, then the decode window) waits for the first one's copies.
-        self.staging = Staged(max_batch * STAGED_SAMPLES, torch.float32, device)
-        self.n_valid = Staged(max_batch, torch.int64, device)
         self.frame_index = torch.arange(N_FRAMES + 2, device=device)
 
     def __call__(self, audios: Sequence[npt.NDArray[np.float32]]) -> torch.Tensor:
-        """Clips longer than 30 s are cut to their first 30 s."""
-        rows, n = (len(audios), STAGED_SAMPLES), (len(audios),)
-        staging, n_valid = self.staging.write(rows), self.n_valid.write(n)
-        for row, audio in enumerate(audios):
-            clip = np.asarray(audio[:WINDOW_SAMPLES], dtype=np.float32)
-            stage_clip(staging[row], clip)
-            n_valid[row] = valid_frames(clip.size)
-        return self._log_mel(self.staging.send(rows), self.n_valid.send(n))
+        """The log-mel of one-off clips (no stream); longer than 30 s, their first 30 s."""
+        return self.log_mel(self.audio.put_audio(audios))
 
-    def _log_mel(self, staged: torch.Tensor, n_valid: torch.Tensor) -> torch.Tensor:
+    def log_mel(self, clips: Sequence[Clip]) -> torch.Tensor:
+        centred, n_samples = self.audio.centred(clips)
         spectrum = torch.stft(
-            staged, N_FFT, HOP_SAMPLES, window=self.window, center=False, return_complex=True
+            centred, N_FFT, HOP_SAMPLES, window=self.window, center=False, return_complex=True
         )
         power = spectrum.abs() ** 2  # [B, 201, N_FRAMES + 2]
         log_spec = torch.clamp(self.filters @ power, min=1e-10).log10()
         # The max-8 floor sees only the clip's own frames (faster-whisper never sees padding).
+        n_valid = (n_samples + TAIL_PAD_SAMPLES) // HOP_SAMPLES
         valid = self.frame_index[None, :] < n_valid[:, None]  # [B, frames]
         masked = log_spec.masked_fill(~valid[:, None, :], float("-inf"))
         peak = masked.amax(dim=(1, 2), keepdim=True)
