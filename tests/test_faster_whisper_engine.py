@@ -18,9 +18,7 @@ pytestmark = pytest.mark.model
 def _engine(**engine: object) -> FasterWhisperEngine:
     config = Config()
     loaded = load_engine(
-        dataclasses.replace(
-            config.engine, name="faster-whisper", device="cpu", speech_gate=False, **engine
-        )
+        dataclasses.replace(config.engine, name="faster-whisper", device="cpu", **engine)
     )
     assert isinstance(loaded, FasterWhisperEngine)
     return loaded

@@ -1136,7 +1136,7 @@ def test_an_utterance_without_speech_does_not_change_the_session_language() -> N
 
     def gated(request: EngineRequest) -> EngineResult:
         if float(np.abs(request.audio).max()) < 0.07:
-            return EngineResult(text="")  # what GatedEngine returns for no speech
+            return EngineResult(text="")  # what the speech gate answers for no speech
         return decoder(request)
 
     driver = Driver(gated, params=StreamParams(language="auto"), stream=NO_CONTEXT)

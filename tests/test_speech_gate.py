@@ -1,27 +1,42 @@
-"""The speech gate (engines/speech_gate.py): real Silero VAD, a scripted engine behind it."""
+"""The speech gate (engines/speech_gate.py, gate.py): real Silero VAD, a scripted decoder
+behind it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
 
 import numpy as np
 import pytest
 from conftest import vad_spans
 from synth_sounds import SOUNDS
 
-from captiond.engines import DecodeKind, EngineRequest, EngineResult
-from captiond.engines.fake import FakeEngine
-from captiond.engines.speech_gate import NO_SPEECH, GatedEngine, has_speech
+from captiond.config import EngineConfig
+from captiond.engines import DecodeKind, EngineInfo, EngineRequest, EngineResult
+from captiond.engines.speech_gate import NO_SPEECH, applies, has_speech
+from captiond.gate import GatedDecoder
+from captiond.metrics import Metrics
+from captiond.scheduler import SchedulerStats, Submit
+from captiond.session import DecodeRequest
 
 
-class Recording(FakeEngine):
+class Recording:
+    """A Decoder whose every decode says "words", remembering what reached it."""
+
     def __init__(self) -> None:
-        super().__init__()
+        self.engine_info = EngineInfo("faster-whisper", "tiny.en", False, 8)
+        self.metrics = Metrics()
+        self.stats = SchedulerStats()
         self.seen: list[EngineRequest] = []
 
-    def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
-        self.seen += requests
-        return [EngineResult(text="words") for _ in requests]
+    def stream(self, key: str) -> Submit:
+        async def submit(request: DecodeRequest) -> EngineResult:
+            self.seen.append(request.engine_request)
+            return EngineResult(text="words")
+
+        return submit
+
+    def forget(self, key: str) -> None:
+        pass
 
 
 @pytest.mark.parametrize("name", sorted(SOUNDS))
@@ -46,9 +61,11 @@ def test_every_utterance_of_a_speech_is_speech(jfk: np.ndarray) -> None:
 
 
 def test_only_unconfirmed_requests_are_checked(jfk: np.ndarray) -> None:
+    """Before a decode reaches the engine: the whale song stops there, speech goes on, and a
+    request that does not ask is not checked."""
     whale = SOUNDS["whale_song"](seconds=8.0)
     inner = Recording()
-    gated = GatedEngine(inner)
+    gated = GatedDecoder(inner)
     requests = [
         EngineRequest(audio=whale, kind=DecodeKind.FINAL, speech_from_sample=0),
         EngineRequest(audio=jfk, kind=DecodeKind.FINAL, speech_from_sample=0),
@@ -61,7 +78,38 @@ def test_only_unconfirmed_requests_are_checked(jfk: np.ndarray) -> None:
             speech_from_sample=len(jfk),
         ),
     ]
-    results = gated.transcribe_batch(requests)
+
+    async def decode_all() -> list[EngineResult]:
+        submit = gated.stream("s")
+        decodes = [
+            submit(
+                DecodeRequest(
+                    utterance=0,
+                    start_sample=0,
+                    speech_start_sample=0,
+                    end_sample=len(r.audio),
+                    stable_words=(),
+                    forced_words=(),
+                    engine_request=r,
+                )
+            )
+            for r in requests
+        ]
+        return await asyncio.gather(*decodes)
+
+    results = asyncio.run(decode_all())
     assert results == [NO_SPEECH, EngineResult(text="words"), EngineResult(text="words"), NO_SPEECH]
-    assert inner.seen == [requests[1], requests[2]]
-    assert gated.gated == 2
+    # Checks run side by side: what reached the decoder, in any order.
+    assert sorted(map(id, inner.seen)) == sorted(map(id, requests[1:3]))
+    registry = inner.metrics.registry
+    checks = {
+        speech: registry.get_sample_value("captiond_speech_gate_checks_total", {"speech": speech})
+        for speech in ("true", "false")
+    }
+    assert checks == {"true": 1, "false": 2}
+
+
+def test_the_fake_engine_and_the_setting_turn_the_gate_off() -> None:
+    assert applies(EngineConfig(), "faster-whisper") and applies(EngineConfig(), "torch_graph")
+    assert not applies(EngineConfig(speech_gate=False), "faster-whisper")
+    assert not applies(EngineConfig(), "fake")

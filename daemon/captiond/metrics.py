@@ -3,8 +3,9 @@
 One `Metrics` per scheduler and daemon, with its own registry (tests run several daemons in one
 process). With worker processes (workers.py) every process also writes prometheus_client's
 multiprocess files into $PROMETHEUS_MULTIPROC_DIR, and `render` adds all of them up. The
-event-loop thread records sessions, audio, latencies and closes; the engine thread records
-batches, queue wait and engine time (prometheus_client's metrics are thread-safe).
+event-loop thread records sessions, audio, latencies, speech-gate checks and closes; the engine
+thread records batches, queue wait and engine time (prometheus_client's metrics are
+thread-safe).
 """
 
 from __future__ import annotations
@@ -69,6 +70,17 @@ class Metrics:
             "captiond_engine_phase_seconds",
             "Engine time by phase of its batches (named by the engine)",
             ["phase"],
+            registry=r,
+        )
+        self.speech_gate_checks = Counter(
+            "captiond_speech_gate_checks",
+            "Decodes the speech gate checked, by whether it found speech",
+            ["speech"],
+            registry=r,
+        )
+        self.speech_gate_seconds = Counter(
+            "captiond_speech_gate_seconds",
+            "Time decodes waited for the speech gate's checks",
             registry=r,
         )
         self.partial_lag_seconds = Histogram(

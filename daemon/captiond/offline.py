@@ -1,8 +1,9 @@
 """Offline transcription of a whole file through the streaming session, without partials.
 
 Runs on the calling thread, which owns the engine for the duration (the CLI's main thread, or a
-benchmark). Using StreamSession itself guarantees the same VAD, segmentation, prompts and
-hallucination filter as streaming, so streaming and offline differ only in what streaming adds.
+benchmark), and checks the speech gate there too. Using StreamSession itself guarantees the same
+VAD, segmentation, prompts and hallucination filter as streaming, so streaming and offline differ
+only in what streaming adds.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy.typing as npt
 from captiond.audio import ms_to_samples
 from captiond.config import Config
 from captiond.engines import Engine
+from captiond.engines.speech_gate import applies, gate
 from captiond.protocol import Control, Final, StreamParams
 from captiond.session import StreamSession
 from captiond.text import join_texts
@@ -44,10 +46,13 @@ def transcribe_samples(
         early_finals=False,
     )
     finals: list[Final] = []
+    gated = applies(config.engine, engine.name)
 
     def drain() -> None:
         while (request := session.next_request()) is not None:
-            (result,) = engine.transcribe_batch([request.engine_request])
+            result = gate(request.engine_request) if gated else None
+            if result is None:
+                (result,) = engine.transcribe_batch([request.engine_request])
             session.on_result(request, result)
         finals.extend(m for m in session.take_messages() if isinstance(m, Final))
 

@@ -39,6 +39,7 @@ from captiond.connection import CLOSE_GOING_AWAY, AnsweringConnection, LiveStrea
 from captiond.dialects import Dialect
 from captiond.dialects.endpoints import ENDPOINTS
 from captiond.dialects.native import NativeDialect
+from captiond.engines.speech_gate import applies
 from captiond.errors import (
     OverloadedError,
     RequestRejectedError,
@@ -46,6 +47,7 @@ from captiond.errors import (
     SessionError,
     SourceNotFoundError,
 )
+from captiond.gate import GatedDecoder
 from captiond.journal import JOURNAL_FILE_NAME, Journal, JournalError, open_journal
 from captiond.journal_read import find_session
 from captiond.metrics import Metrics
@@ -107,11 +109,13 @@ class Daemon:
         slot: WorkerSlot | None = None,
     ) -> None:
         self.config = config
-        self.decoder = decoder
+        self.decoder: Decoder = (
+            GatedDecoder(decoder) if applies(config.engine, decoder.engine_info.name) else decoder
+        )
         self._slot = slot
         self._vad_factory = vad_factory or (lambda: webrtc_vad(config.vad.aggressiveness))
         self.sources = (
-            daemon_sources(config, decoder, self._vad_factory, audio_input)
+            daemon_sources(config, self.decoder, self._vad_factory, audio_input)
             if slot is None or slot.runs_sources
             else {}
         )

@@ -46,7 +46,8 @@ class EngineRequest:
     text the decode is forced to start with (Whisper's prefix): the committed transcript of the
     window's first part. The result holds only what the model generated after the prefix.
     `speech_from_sample`, when set, asks the speech gate (speech_gate.py) to confirm speech in
-    the audio from that sample on before the model runs; engines without a gate ignore it.
+    the audio from that sample on before the model runs; the gate answers before the engine
+    sees the request, and engines ignore it.
 
     `language` None asks the engine to detect it (Whisper's language-token probabilities on
     the first 30 s of `audio[detect_from_sample:]`, the utterance without its context) and to
@@ -328,8 +329,4 @@ def load_engine(config: EngineConfig) -> Engine:
         engine = TorchGraphEngine(model_path, config)
     else:
         raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(ENGINE_NAMES)}")
-    if not config.speech_gate:
-        return engine
-    from captiond.engines.speech_gate import GatedEngine
-
-    return GatedEngine(engine)
+    return engine
