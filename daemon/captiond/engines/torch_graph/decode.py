@@ -218,8 +218,10 @@ class GreedyDecoder:
             ]
         )
         counts = self.host_counts[:n].tolist()
-        out = self.host_tokens[:n].tolist()
-        logprobs = self.host_logprobs[:n].tolist()
+        # Only the columns a row wrote: a whole [128, 448] table as Python lists took 1 ms.
+        longest = max(counts)
+        out = self.host_tokens[:n, :longest].tolist()
+        logprobs = self.host_logprobs[:n, :longest].tolist()
         cum = self.host_cum[:n].tolist()
         no_speech_host = self.host_no_speech[:n].tolist()
         rows = []
