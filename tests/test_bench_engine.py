@@ -43,7 +43,7 @@ def test_bench_engine_cpu_smoke(tmp_path: Path) -> None:
     for batch in ("1", "2"):
         row = torch_graph["batches"][batch]
         assert row["encoder_ms_per_window"] > 0 and row["decode_eager_us_per_token"] > 0
-        assert row["audio_s_per_wall_s"] > 0
+        assert row["audio_s_per_wall_s"] > 0 and row["stream_mel_ms_per_window"] > 0
         fw_row = report["engines"]["faster-whisper"]["batches"][batch]
         assert fw_row["encoder_ms_per_window"] > 0 and fw_row["decode_us_per_token"] > 0
         for timed in (row, fw_row):

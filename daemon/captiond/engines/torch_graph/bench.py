@@ -1,8 +1,9 @@
 """Speed measurements of the torch_graph engine for `captiond bench engine` (torch stays in here).
 
-Owns the timing of each stage at each batch size: log-mel, encoder (+ cross-attention K/V),
-the decode step eager and graph-replayed, end-to-end transcription, and peak memory. Runs on the
-bench's main thread, which owns the engine for the whole run.
+Owns the timing of each stage at each batch size: log-mel (of whole windows, and of streams' windows
+whose audio the device mostly holds), encoder (+ cross-attention K/V), the decode step eager and
+graph-replayed, end-to-end transcription, and peak memory. Runs on the bench's main thread, which
+owns the engine for the whole run.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def _measure_batch(
     row: dict[str, Any] = {
         "bucket": bucket,
         "mel_ms_per_window": mel_s / batch * 1e3,
+        "stream_mel_ms_per_window": _stream_mel_s(engine, batch, audio) / batch * 1e3,
         "encoder_ms_per_window": encoder_s / batch * 1e3,
         "decode_eager_us_per_step": eager_us,
         "decode_eager_us_per_token": eager_us / batch,
@@ -93,6 +95,30 @@ def _measure_batch(
             lambda: timed_s(engine.device, lambda: engine.transcribe_batch(requests))
         )
     return row
+
+
+def _stream_mel_s(engine: TorchGraphEngine, batch: int, audio: npt.NDArray[np.float32]) -> float:
+    """The log-mel of `batch` streams' windows of `audio`, each stream half a second on since
+    its previous window: the device holds the rest (stream_audio.py), so only the new half
+    second goes there. The second window's time, audio included."""
+    hop = SAMPLE_RATE_HZ // 2
+
+    def windows(end: int) -> list[EngineRequest]:
+        return [
+            EngineRequest(
+                audio=audio[:end],
+                kind=DecodeKind.PARTIAL,
+                stream=f"bench-{batch}-{i}",
+                end_sample=end,
+            )
+            for i in range(batch)
+        ]
+
+    with inference():
+        engine.mel.log_mel(engine.audio.put(windows(len(audio) - hop)))
+        return timed_s(
+            engine.device, lambda: engine.mel.log_mel(engine.audio.put(windows(len(audio))))
+        )
 
 
 def _attention_kernels(engine: TorchGraphEngine) -> dict[str, str]:
