@@ -158,8 +158,9 @@ def test_stream_windows_send_only_new_audio_and_read_as_sent_whole() -> None:
     batches = [
         [("a", 0, 8_000), ("b", 0, 16_000)],
         [("a", 0, 16_000), ("b", 8_000, 24_000)],  # a: 8,000 new; b: 8,000 new
-        [("a", RING_SAMPLES - 100_000, RING_SAMPLES + 300_000)],  # a gap: sent whole
-        [("a", RING_SAMPLES, RING_SAMPLES + 308_000)],  # across the ring's end: 8,000 new
+        # After a gap: sent whole, across the ring's end.
+        [("a", RING_SAMPLES - 100_000, RING_SAMPLES + 300_000)],
+        [("a", RING_SAMPLES, RING_SAMPLES + 308_000)],  # a's window goes on: 8,000 new
         [("c", 0, 4_000), ("d", 0, 4_000)],
         # e takes the ring of b (decoded least recently), b then a's: both sent whole
         [("e", 0, 4_000), ("b", 10_000, 24_000)],
