@@ -127,6 +127,16 @@ def test_cuda_batch_rows_fit_a_quarter_of_the_gpu_and_16_gib() -> None:
 CPU = torch.device("cpu")
 
 
+def test_stream_rings_fit_a_sixteenth_of_the_gpu_and_4_gib() -> None:
+    from captiond.engines.torch_graph import _stream_rings
+
+    assert _stream_rings(128, 80 * 10**9) == 1920  # 4 GiB with the 128 scratch rings
+    assert _stream_rings(128, 24 * 10**9) == 24 * 10**9 // 16 // (RING_SAMPLES * 4) - 128
+    assert _stream_rings(128, 4 * 10**9) == 256  # never fewer than two batches' worth
+    assert _stream_rings(8, None) == 16  # the CPU
+    StreamAudio(_stream_rings(128, 80 * 10**9), 128, torch.device("meta"))  # int32 indices hold
+
+
 @pytest.mark.parametrize("n_samples", [0, 1, 39, 40, 41, 239, 240, 241, 16_000, 480_000, 500_000])
 def test_centred_clip_is_faster_whispers_padding(n_samples: int) -> None:
     """The gathered signal equals faster-whisper's tail pad + np.pad reflect (reflected again
