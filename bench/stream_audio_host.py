@@ -21,6 +21,7 @@ import time
 import numpy as np
 import torch
 
+from captiond import SAMPLE_RATE_HZ
 from captiond.engines import DecodeKind, EngineRequest
 from captiond.engines.torch_graph.stream_audio import (
     CENTRE_PAD_SAMPLES,
@@ -29,8 +30,7 @@ from captiond.engines.torch_graph.stream_audio import (
     StreamAudio,
 )
 
-HOP_SAMPLES = 8_000  # 0.5 s: the partial interval
-RATE_HZ = 16_000
+PARTIAL_HOP_SAMPLES = 8_000  # 0.5 s: the partial interval
 
 
 def stage_whole(rows: np.ndarray, windows: list[np.ndarray]) -> None:
@@ -50,15 +50,17 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=12)
     args = parser.parse_args()
     rng = np.random.default_rng(0)
-    lengths = rng.integers(8 * RATE_HZ, 20 * RATE_HZ, args.rows)
+    lengths = rng.integers(8 * SAMPLE_RATE_HZ, 20 * SAMPLE_RATE_HZ, args.rows)
     total_s = 20 + args.batches
-    streams = [(rng.standard_normal(total_s * RATE_HZ) * 0.1).astype(np.float32) for _ in lengths]
+    streams = [
+        (rng.standard_normal(total_s * SAMPLE_RATE_HZ) * 0.1).astype(np.float32) for _ in lengths
+    ]
     rows = np.zeros((args.rows, CENTRED_SAMPLES), np.float32)
     audio = StreamAudio(max(256, 2 * args.rows), args.rows, torch.device("meta"))
     timings: dict[str, list[float]] = {"staging": [], "put": [], "centred": []}
     sent: list[int] = []
     for batch in range(args.batches):
-        ends = [int(n) + RATE_HZ + batch * HOP_SAMPLES for n in lengths]
+        ends = [int(n) + SAMPLE_RATE_HZ + batch * PARTIAL_HOP_SAMPLES for n in lengths]
         requests = [
             EngineRequest(
                 audio=stream[end - int(n) : end],

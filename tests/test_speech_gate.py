@@ -87,7 +87,6 @@ def test_only_unconfirmed_requests_are_checked(jfk: np.ndarray) -> None:
                     utterance=0,
                     start_sample=0,
                     speech_start_sample=0,
-                    end_sample=len(r.audio),
                     stable_words=(),
                     forced_words=(),
                     engine_request=r,

@@ -101,7 +101,6 @@ class DecodeRequest:
     utterance: int
     start_sample: int
     speech_start_sample: int  # the utterance's first voiced frame, after its pre-roll
-    end_sample: int
     stable_words: tuple[str, ...]
     forced_words: tuple[str, ...]
     engine_request: EngineRequest
@@ -109,6 +108,11 @@ class DecodeRequest:
     @property
     def kind(self) -> DecodeKind:
         return self.engine_request.kind
+
+    @property
+    def end_sample(self) -> int:
+        """Where the decode's audio ends (the engine request's window ends there too)."""
+        return self.engine_request.end_sample
 
 
 @dataclass(slots=True, kw_only=True)
@@ -450,7 +454,6 @@ class StreamSession:
             utterance=utt.index,
             start_sample=utt.start_sample,
             speech_start_sample=utt.speech_start_sample,
-            end_sample=end,
             stable_words=stable,
             forced_words=forced,
             engine_request=EngineRequest(
