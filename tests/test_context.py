@@ -38,13 +38,40 @@ def context(
 
 
 def test_first_utterance_has_no_context() -> None:
-    got = context().for_decode(utterance_start=100, end_sample=900, window_samples=WINDOW)
+    got = context().for_decode(
+        utterance_start=100, lead_sample=100, end_sample=900, window_samples=WINDOW
+    )
     assert (got.start_sample, got.prefix, got.prompt) == (100, "", "")
+
+
+def test_without_context_the_audio_starts_where_the_quiet_before_began() -> None:
+    # After an empty final (noise) the context is broken: the utterance at 10 s is heard
+    # together with the quiet since that final's end (8 s), not across the noise.
+    ctx = context(final(0, 4, "Hello."), final(5, 8, ""))
+    got = ctx.for_decode(
+        utterance_start=10 * RATE, lead_sample=8 * RATE, end_sample=12 * RATE, window_samples=WINDOW
+    )
+    assert (got.start_sample, got.prefix, got.prompt) == (8 * RATE, "", "Hello.")
+    # As far back as the window reaches, and never after the utterance's own start.
+    for window_s, start_s in ((3, 9), (1, 10), (0, 10)):
+        got = ctx.for_decode(
+            utterance_start=10 * RATE,
+            lead_sample=8 * RATE,
+            end_sample=12 * RATE,
+            window_samples=window_s * RATE,
+        )
+        assert got.start_sample == start_s * RATE
 
 
 def test_window_starts_at_the_oldest_final_that_fits() -> None:
     ctx = context(final(0, 4, "Hello."), final(5, 7, "Hi, how are you?"), final(8, 9, "Fine."))
-    got = ctx.for_decode(utterance_start=10 * RATE, end_sample=12 * RATE, window_samples=WINDOW)
+    # With finals as context, the quiet before the utterance (from 9 s) is inside the window.
+    got = ctx.for_decode(
+        utterance_start=10 * RATE,
+        lead_sample=9 * RATE,
+        end_sample=12 * RATE,
+        window_samples=WINDOW,
+    )
     assert got.start_sample == 0
     assert got.prefix == "Hello. Hi, how are you? Fine."
     assert got.prompt == ""
@@ -53,7 +80,12 @@ def test_window_starts_at_the_oldest_final_that_fits() -> None:
 def test_finals_beyond_the_window_move_to_the_prompt() -> None:
     ctx = context(final(0, 4, "Long ago."), final(20, 25, "Recent."))
     # The window [start, 33 s) may be 30 s long: the final at 0 s does not fit, 20 s does.
-    got = ctx.for_decode(utterance_start=30 * RATE, end_sample=33 * RATE, window_samples=WINDOW)
+    got = ctx.for_decode(
+        utterance_start=30 * RATE,
+        lead_sample=30 * RATE,
+        end_sample=33 * RATE,
+        window_samples=WINDOW,
+    )
     assert got.start_sample == 20 * RATE
     assert (got.prefix, got.prompt) == ("Recent.", "Long ago.")
 
@@ -62,16 +94,22 @@ def test_chinese_and_japanese_finals_are_joined_as_written() -> None:
     # No space between two sentences of a script without spaces: the forced prefix reads as
     # Whisper writes a Japanese conversation. A prompt cut inside such text keeps its tail.
     ctx = context(final(0, 2, "空は広いです。"), final(3, 5, "彼女は彼を見た。"), prompt_chars=5)
-    got = ctx.for_decode(utterance_start=6 * RATE, end_sample=8 * RATE, window_samples=WINDOW)
+    got = ctx.for_decode(
+        utterance_start=6 * RATE, lead_sample=6 * RATE, end_sample=8 * RATE, window_samples=WINDOW
+    )
     assert got.prefix == "空は広いです。彼女は彼を見た。"
-    got = ctx.for_decode(utterance_start=6 * RATE, end_sample=8 * RATE, window_samples=0)
+    got = ctx.for_decode(
+        utterance_start=6 * RATE, lead_sample=6 * RATE, end_sample=8 * RATE, window_samples=0
+    )
     assert got.prompt == "彼を見た。"
     assert tail_words("Tokyo 東京は大きい", 6) == "東京は大きい"
 
 
 def test_context_is_limited_by_characters_newest_first() -> None:
     ctx = context(final(0, 2, "a" * 10), final(2, 4, "b" * 10), final(4, 6, "c" * 10), chars=23)
-    got = ctx.for_decode(utterance_start=6 * RATE, end_sample=8 * RATE, window_samples=WINDOW)
+    got = ctx.for_decode(
+        utterance_start=6 * RATE, lead_sample=6 * RATE, end_sample=8 * RATE, window_samples=WINDOW
+    )
     assert got.prefix == f"{'b' * 10} {'c' * 10}"
     assert got.start_sample == 2 * RATE
     assert got.prompt == "a" * 10
@@ -79,19 +117,25 @@ def test_context_is_limited_by_characters_newest_first() -> None:
 
 def test_an_empty_final_breaks_the_context() -> None:
     ctx = context(final(0, 2, "Before."), final(2, 4, ""), final(4, 6, "After."))
-    got = ctx.for_decode(utterance_start=6 * RATE, end_sample=8 * RATE, window_samples=WINDOW)
+    got = ctx.for_decode(
+        utterance_start=6 * RATE, lead_sample=6 * RATE, end_sample=8 * RATE, window_samples=WINDOW
+    )
     assert (got.start_sample, got.prefix, got.prompt) == (4 * RATE, "After.", "Before.")
 
 
 def test_a_zero_window_decodes_alone_with_everything_in_the_prompt() -> None:
     ctx = context(final(0, 2, "One."), final(2, 4, "Two."))
-    got = ctx.for_decode(utterance_start=4 * RATE, end_sample=6 * RATE, window_samples=0)
+    got = ctx.for_decode(
+        utterance_start=4 * RATE, lead_sample=4 * RATE, end_sample=6 * RATE, window_samples=0
+    )
     assert (got.start_sample, got.prefix, got.prompt) == (4 * RATE, "", "One. Two.")
 
 
 def test_an_utterance_longer_than_the_window_gets_no_context() -> None:
     ctx = context(final(0, 2, "Before."))
-    got = ctx.for_decode(utterance_start=3 * RATE, end_sample=40 * RATE, window_samples=WINDOW)
+    got = ctx.for_decode(
+        utterance_start=3 * RATE, lead_sample=3 * RATE, end_sample=40 * RATE, window_samples=WINDOW
+    )
     assert (got.start_sample, got.prefix, got.prompt) == (3 * RATE, "", "Before.")
 
 
@@ -99,7 +143,12 @@ def test_keep_from_forgets_finals_out_of_reach() -> None:
     ctx = context(final(0, 2, "Old."), final(25, 27, "New."))
     assert ctx.keep_from(28 * RATE, WINDOW) == 0
     assert ctx.keep_from(31 * RATE, WINDOW) == 25 * RATE
-    got = ctx.for_decode(utterance_start=31 * RATE, end_sample=32 * RATE, window_samples=WINDOW)
+    got = ctx.for_decode(
+        utterance_start=31 * RATE,
+        lead_sample=31 * RATE,
+        end_sample=32 * RATE,
+        window_samples=WINDOW,
+    )
     assert (got.prefix, got.prompt) == ("New.", "Old.")
     assert context().keep_from(5 * RATE, WINDOW) == 5 * RATE
 
@@ -109,7 +158,12 @@ def test_the_prompt_stays_bounded_over_a_long_session() -> None:
     for i in range(500):
         ctx.commit(final(i * 2, i * 2 + 1, f"utterance{i}"))
         ctx.keep_from((i * 2 + 1) * RATE, WINDOW)
-    got = ctx.for_decode(utterance_start=1001 * RATE, end_sample=1002 * RATE, window_samples=WINDOW)
+    got = ctx.for_decode(
+        utterance_start=1001 * RATE,
+        lead_sample=1001 * RATE,
+        end_sample=1002 * RATE,
+        window_samples=WINDOW,
+    )
     assert got.prefix.split()[-1] == "utterance499"
     assert len(got.prompt) <= 50
     assert got.prompt.split()[-1] == f"utterance{499 - len(got.prefix.split())}"
@@ -170,10 +224,16 @@ def test_a_prefix_over_the_budget_keeps_its_end_and_leaves_no_previous_text() ->
 
 def test_forced_words_take_their_share_of_the_prefix_budget() -> None:
     ctx = context(final(0, 2, "a" * 10), final(2, 4, "b" * 10), chars=30)
-    free = ctx.for_decode(utterance_start=4 * RATE, end_sample=6 * RATE, window_samples=WINDOW)
+    free = ctx.for_decode(
+        utterance_start=4 * RATE, lead_sample=4 * RATE, end_sample=6 * RATE, window_samples=WINDOW
+    )
     assert free.prefix == f"{'a' * 10} {'b' * 10}"
     squeezed = ctx.for_decode(
-        utterance_start=4 * RATE, end_sample=6 * RATE, window_samples=WINDOW, forced_chars=15
+        utterance_start=4 * RATE,
+        lead_sample=4 * RATE,
+        end_sample=6 * RATE,
+        window_samples=WINDOW,
+        forced_chars=15,
     )
     assert (squeezed.prefix, squeezed.prompt) == ("b" * 10, "a" * 10)
 

@@ -32,7 +32,7 @@ from captiond.session import DecodeRequest, SessionState, StreamSession
 RATE = 16_000
 CHUNK_MS = 100
 # Every utterance decoded alone: older finals reach the decode through the prompt only.
-NO_CONTEXT = StreamConfig(context_s=0)
+NO_CONTEXT = StreamConfig(context_s=0, partial_context_s=0)  # every utterance decoded alone
 
 Decoder = Callable[[EngineRequest], EngineResult]
 
@@ -488,12 +488,13 @@ def test_48k_f32le_stream_is_resampled() -> None:
     assert isinstance(done, Done)
     assert abs(done.audio_ms - 3500) <= 5
     assert done.segments == 1
-    # Decodes get 16 kHz audio: the utterance's requests span its 16 kHz sample count.
+    # Decodes get 16 kHz audio: the final's request spans its 16 kHz sample count, from the
+    # stream's start (the quiet before the utterance, see context.py).
     final_req = next(r for r in driver.requests if r.kind is DecodeKind.FINAL)
     audio = final_req.engine_request.audio
     assert audio.dtype == np.float32
-    assert len(audio) == final_req.end_sample - final_req.start_sample
-    assert 1.5 * RATE < len(audio) < 2.5 * RATE
+    assert len(audio) == final_req.end_sample
+    assert 1.5 * RATE < final_req.end_sample - final_req.start_sample < 2.5 * RATE
     (stop,) = driver.of(SpeechStopped)
     assert 2500 < stop.end_ms <= 3100
 
@@ -812,7 +813,10 @@ def test_config_is_not_mutated() -> None:
 
 def test_a_decode_continues_from_the_previous_finals_audio_and_text() -> None:
     driver = Driver()
-    two_utterances(driver)
+    # Speech from the stream's start: the first final's audio starts there, with no quiet
+    # before it, as the second one's window does.
+    for samples in (tone(2.0), silence(1.0), tone(1.5), silence(1.0)):
+        driver.send(samples)
     driver.control(Control.END)
     first, second = (f.text for f in driver.of(Final))
     by_utterance: dict[int, list[DecodeRequest]] = {}
@@ -828,6 +832,57 @@ def test_a_decode_continues_from_the_previous_finals_audio_and_text() -> None:
     # The fake engine numbers words from the window's start: the second final continues after
     # the first one's words and the silence between them.
     assert int(second.split()[0][1:]) > int(first.split()[-1][1:]) + 1
+
+
+def test_without_context_a_decode_hears_the_quiet_before_its_utterance() -> None:
+    # 40 s of quiet, then an utterance: its decodes reach back over the quiet as far as their
+    # window (partials 10 s, the final 30 s), and the buffer kept that audio for them.
+    driver = Driver()
+    driver.send(silence(40.0))
+    driver.send(tone(2.0))
+    driver.send(silence(1.0))
+    driver.control(Control.END)
+    (utterance,) = {r.start_sample for r in driver.requests}
+    assert 39 * RATE < utterance < 40 * RATE
+    for r in driver.requests:
+        window_s = 30 if r.kind is DecodeKind.FINAL else 10
+        assert len(r.engine_request.audio) == window_s * RATE
+    assert {r.kind for r in driver.requests} == {DecodeKind.PARTIAL, DecodeKind.FINAL}
+
+
+def test_buffered_audio_counts_from_the_oldest_utterance_waiting_for_its_final() -> None:
+    # What backpressure (`max_buffered_s`) bounds: not the quiet and context the buffer keeps.
+    session = StreamSession(config=Config(), vad=LevelVad(), params=StreamParams())
+    for samples in (silence(40.0), tone(2.0), silence(0.2)):
+        session.receive_audio(s16(samples))
+    assert session.buffered_samples == 0  # the utterance is open: nothing waits for a final
+    session.receive_audio(s16(silence(5.0)))  # its endpoint: the final is due, not answered
+    assert 7 * RATE < session.buffered_samples < 8 * RATE
+    while (request := session.next_request()) is not None:
+        session.on_result(request, EngineResult(text="hello"))
+    assert session.buffered_samples == 0
+
+
+def test_a_decode_after_a_broken_context_starts_after_what_broke_it() -> None:
+    # The first utterance's final is empty (noise): the second is decoded without it, from
+    # where the quiet after it began.
+    finals = iter([EngineResult(text=""), EngineResult(text="hello")])
+
+    def decode(request: EngineRequest) -> EngineResult:
+        if request.kind is DecodeKind.PARTIAL:
+            return EngineResult(text="")
+        return next(finals)
+
+    driver = Driver(decoder=decode)
+    two_utterances(driver)
+    driver.control(Control.END)
+    first, second = (r for r in driver.requests if r.kind is DecodeKind.FINAL)
+    (stopped, _) = driver.of(SpeechStopped)
+    assert len(first.engine_request.audio) == first.end_sample  # from the stream's start
+    quiet_from = stopped.end_ms * RATE // 1000
+    assert quiet_from < second.start_sample
+    assert len(second.engine_request.audio) == second.end_sample - quiet_from
+    assert second.engine_request.prefix == ""
 
 
 def test_partials_reach_back_less_far_than_finals() -> None:

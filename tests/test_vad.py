@@ -106,7 +106,9 @@ def test_start_needs_nine_of_ten_voiced_frames_and_includes_preroll() -> None:
         (
             28,
             UtteranceStart(
-                start_sample=19 * FRAME_SAMPLES - PREROLL, speech_start_sample=20 * FRAME_SAMPLES
+                start_sample=19 * FRAME_SAMPLES - PREROLL,
+                speech_start_sample=20 * FRAME_SAMPLES,
+                lead_sample=0,
             ),
         )
     ]
@@ -126,7 +128,9 @@ def test_a_halting_onset_starts_at_its_first_voiced_frame() -> None:
         (
             38,
             UtteranceStart(
-                start_sample=20 * FRAME_SAMPLES - PREROLL, speech_start_sample=20 * FRAME_SAMPLES
+                start_sample=20 * FRAME_SAMPLES - PREROLL,
+                speech_start_sample=20 * FRAME_SAMPLES,
+                lead_sample=0,
             ),
         )
     ]
@@ -141,7 +145,12 @@ def test_an_onset_is_looked_for_at_most_a_second_before_the_window() -> None:
     window_start = (len(script) - WINDOW) * FRAME_SAMPLES
     speech = window_start - 16_000
     assert events == [
-        (len(script) - 1, UtteranceStart(start_sample=speech - PREROLL, speech_start_sample=speech))
+        (
+            len(script) - 1,
+            UtteranceStart(
+                start_sample=speech - PREROLL, speech_start_sample=speech, lead_sample=0
+            ),
+        )
     ]
 
 
@@ -155,7 +164,7 @@ def test_eight_of_ten_voiced_never_starts() -> None:
 def test_start_at_stream_begin_is_clamped_to_zero() -> None:
     seg = segmenter(ScriptedVad([True] * 9))
     events = feed(seg, [tone_frame()] * 9)
-    assert events == [(8, UtteranceStart(start_sample=0, speech_start_sample=0))]
+    assert events == [(8, UtteranceStart(start_sample=0, speech_start_sample=0, lead_sample=0))]
 
 
 def test_start_never_before_the_previous_end() -> None:
@@ -164,11 +173,37 @@ def test_start_never_before_the_previous_end() -> None:
     events = feed(seg, [tone_frame()] * len(script))
     first_end = (9 + ENDPOINT) * FRAME_SAMPLES
     assert events == [
-        (8, UtteranceStart(start_sample=0, speech_start_sample=0)),
+        (8, UtteranceStart(start_sample=0, speech_start_sample=0, lead_sample=0)),
         (8 + ENDPOINT, UtteranceEnd(end_sample=first_end, decode_end_sample=(9 + TAIL) * FS)),
         # The window + pre-roll would reach back before the first utterance's end.
-        (8 + ENDPOINT + 9, UtteranceStart(start_sample=first_end, speech_start_sample=first_end)),
+        (
+            8 + ENDPOINT + 9,
+            UtteranceStart(
+                start_sample=first_end, speech_start_sample=first_end, lead_sample=first_end
+            ),
+        ),
     ]
+
+
+def test_the_lead_is_the_quiet_since_the_previous_end() -> None:
+    # 2 s of quiet after the first endpoint: the second utterance starts with its pre-roll,
+    # and its lead (where its decodes may start without context) at the first one's end.
+    quiet = 67
+    script = [True] * 9 + [False] * (ENDPOINT + quiet) + [True] * 9
+    seg = segmenter(ScriptedVad(script))
+    events = feed(seg, [tone_frame()] * len(script))
+    first_end = (9 + ENDPOINT) * FRAME_SAMPLES
+    speech = (9 + ENDPOINT + quiet) * FRAME_SAMPLES
+    assert seg.lead_sample == first_end
+    assert events[-1] == (
+        len(script) - 1,
+        # The start window began one frame before the speech (9 of 10 voiced).
+        UtteranceStart(
+            start_sample=speech - FRAME_SAMPLES - PREROLL,
+            speech_start_sample=speech,
+            lead_sample=first_end,
+        ),
+    )
 
 
 # -- end --------------------------------------------------------------------------------------
@@ -180,7 +215,7 @@ def test_end_after_endpoint_silence() -> None:
     events = feed(seg, [tone_frame()] * len(script))
     # The first run of 15 unvoiced frames is one short of the endpoint; the second ends it.
     assert events == [
-        (8, UtteranceStart(start_sample=0, speech_start_sample=0)),
+        (8, UtteranceStart(start_sample=0, speech_start_sample=0, lead_sample=0)),
         (
             len(script) - 1,
             UtteranceEnd(end_sample=len(script) * FS, decode_end_sample=(50 + TAIL) * FS),
@@ -199,7 +234,7 @@ def test_a_long_utterance_ends_at_a_shorter_pause() -> None:
     seg = segmenter(ScriptedVad(script), config)
     events = feed(seg, [tone_frame()] * len(script))
     assert events == [
-        (8, UtteranceStart(start_sample=0, speech_start_sample=0)),
+        (8, UtteranceStart(start_sample=0, speech_start_sample=0, lead_sample=0)),
         # The 240-ms endpoint is shorter than the tail: the final decodes all of it.
         (67, UtteranceEnd(end_sample=68 * FS, decode_end_sample=68 * FS)),
     ]
@@ -210,7 +245,7 @@ def test_end_by_digital_silence() -> None:
     frames = [tone_frame()] * 20 + [silent_frame()] * ENDPOINT
     events = feed(seg, frames)
     assert events == [
-        (8, UtteranceStart(start_sample=0, speech_start_sample=0)),
+        (8, UtteranceStart(start_sample=0, speech_start_sample=0, lead_sample=0)),
         (35, UtteranceEnd(end_sample=36 * FS, decode_end_sample=(20 + TAIL) * FS)),
     ]
 
@@ -272,7 +307,9 @@ def test_after_flush_a_new_start_needs_a_full_window_again() -> None:
         UtteranceEnd(end_sample=flush_end, decode_end_sample=flush_end)
     ]
     events = [e for frame in [tone_frame()] * 9 for e in seg.push(frame)]
-    assert events == [UtteranceStart(start_sample=flush_end, speech_start_sample=flush_end)]
+    assert events == [
+        UtteranceStart(start_sample=flush_end, speech_start_sample=flush_end, lead_sample=flush_end)
+    ]
 
 
 # -- cap --------------------------------------------------------------------------------------
@@ -289,9 +326,9 @@ def test_cap_cuts_at_the_quietest_recent_frame_and_reopens() -> None:
     events = feed(seg, frames[:100])
     cut = 80 * FRAME_SAMPLES + FRAME_SAMPLES // 2
     assert events == [
-        (8, UtteranceStart(start_sample=0, speech_start_sample=0)),
+        (8, UtteranceStart(start_sample=0, speech_start_sample=0, lead_sample=0)),
         (99, UtteranceEnd(end_sample=cut, decode_end_sample=cut)),
-        (99, UtteranceStart(start_sample=cut, speech_start_sample=cut)),
+        (99, UtteranceStart(start_sample=cut, speech_start_sample=cut, lead_sample=cut)),
     ]
     assert seg.utterance_start_sample == cut
     # The reopened utterance is capped again 3 s after the cut, at a frame after the cut.

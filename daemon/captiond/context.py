@@ -6,7 +6,9 @@ together with the audio before it, and conditions on the text it already wrote f
 Decoding a short turn ("Yes.") alone, padded into a window of silence, loses both. So a decode of
 an utterance gets a window that starts at an earlier committed final (as far back as
 `window_samples` and `context_chars` allow) and the text of those finals as a forced prefix: the
-model re-reads the conversation, and only the words it writes after the prefix are new.
+model re-reads the conversation, and only the words it writes after the prefix are new. Without
+such finals (the stream's first utterance, or after a break) the window starts where the quiet
+before the utterance began, not at its pre-roll: a whole-file decode hears that quiet too.
 
 A final that came out empty (noise, a dropped hallucination) breaks the context: its audio holds
 something the committed text does not describe, and a window across it would invite the model to
@@ -69,7 +71,13 @@ class TranscriptContext:
             self._older.append(text)
 
     def for_decode(
-        self, *, utterance_start: int, end_sample: int, window_samples: int, forced_chars: int = 0
+        self,
+        *,
+        utterance_start: int,
+        lead_sample: int,
+        end_sample: int,
+        window_samples: int,
+        forced_chars: int = 0,
     ) -> DecodeContext:
         """The context of a decode of audio [utterance_start, end_sample): whole finals whose
         audio fits in the window together with the utterance, newest first, within
@@ -78,6 +86,12 @@ class TranscriptContext:
 
         The whole prefix stays within `context_chars` because CTranslate2 counts it inside its
         224-token decode budget: a longer prefix would cut the utterance's new words off.
+
+        Without such finals the audio starts at `lead_sample`, where the quiet before the
+        utterance began, as far back as the window allows: a whole-file decode hears that quiet
+        too, and Whisper reads the first words after it better than after the pre-roll alone
+        (see the README's accuracy section). With them it starts at the oldest one's start:
+        hearing the quiet before that one too made dialogues worse.
         """
         used: list[CommittedFinal] = []
         chars = forced_chars
@@ -89,7 +103,11 @@ class TranscriptContext:
         used.reverse()
         older = self._older + [f.text for f in list(self._recent)[: len(self._recent) - len(used)]]
         return DecodeContext(
-            start_sample=used[0].start_sample if used else utterance_start,
+            start_sample=(
+                used[0].start_sample
+                if used
+                else min(utterance_start, max(lead_sample, end_sample - window_samples))
+            ),
             prefix=join_texts(f.text for f in used),
             prompt=tail_words(join_texts(older), self._prompt_chars),
         )

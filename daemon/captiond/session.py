@@ -120,6 +120,9 @@ class _Utterance:
     index: int  # internal, per session; segment numbers are given when first shown
     start_sample: int
     speech_start_sample: int
+    # Where its decodes' audio may start without context (context.py): the quiet before it,
+    # no more than the longest decode window before its start.
+    lead_sample: int
     end_sample: int | None = None
     decode_end_sample: int | None = None  # where its final's decode ends (vad.UtteranceEnd)
     segment: int | None = None
@@ -174,6 +177,7 @@ class StreamSession:
         self._context.remember(origin.earlier_text)
         self._final_window_samples = ms_to_samples(round(config.stream.context_s * 1000))
         self._partial_window_samples = ms_to_samples(round(config.stream.partial_context_s * 1000))
+        self._lead_samples = max(self._final_window_samples, self._partial_window_samples)
         self._segments = origin.first_segment
         # The session's language so far: what an utterance in ?language=auto is decoded in
         # unless another one is detected with confidence (engines.choose_language).
@@ -331,8 +335,12 @@ class StreamSession:
 
     @property
     def buffered_samples(self) -> int:
-        """Audio held for decodes still to come: what a stream's memory grows with."""
-        return self._buffer.end_sample - self._buffer.start_sample
+        """Audio since the start of the oldest utterance still waiting for its final: what a
+        stream's memory grows with when decodes fall behind. The rest of what the buffer keeps
+        (the open utterance, the quiet before it, the context) is bounded by the utterance cap
+        and the decode windows."""
+        end = self._buffer.end_sample
+        return end - (self._closed[0].start_sample if self._closed else end)
 
     @property
     def segments(self) -> int:
@@ -354,8 +362,9 @@ class StreamSession:
         self._trim_buffer()
 
     def _trim_buffer(self) -> None:
-        """Forget audio that no decode can need: not in an open or closed utterance, not in
-        a later decode's context, not in the segmenter's reach behind the stream's end."""
+        """Forget audio that no decode can need: not in an open or closed utterance or the
+        quiet before it, not in a later decode's context, not in the segmenter's reach behind
+        the stream's end."""
         end = self._buffer.end_sample
         # The next final ends where the oldest utterance still waiting for one ends, which can
         # be far behind the stream's end when decodes lag (a busy engine, audio sent faster
@@ -364,10 +373,15 @@ class StreamSession:
         next_final_end = min(
             [end] + [u.decode_end_sample for u in self._closed if u.decode_end_sample is not None]
         )
+        # The next utterance to open starts at most _KEEP_BEHIND_MS back, its lead at most
+        # `_lead_samples` before that.
+        next_lead = max(
+            self._segmenter.lead_sample, end - ms_to_samples(_KEEP_BEHIND_MS) - self._lead_samples
+        )
         keep_from = min(
-            [u.start_sample for u in self._closed]
-            + ([self._open.start_sample] if self._open else [])
-            + [end - ms_to_samples(_KEEP_BEHIND_MS)]
+            [u.lead_sample for u in self._closed]
+            + ([self._open.lead_sample] if self._open else [])
+            + [next_lead, end - ms_to_samples(_KEEP_BEHIND_MS)]
             + [self._context.keep_from(next_final_end, self._final_window_samples)]
         )
         self._buffer.discard_before(keep_from)
@@ -380,6 +394,7 @@ class StreamSession:
                     index=next(self._utterances),
                     start_sample=event.start_sample,
                     speech_start_sample=event.speech_start_sample,
+                    lead_sample=max(event.lead_sample, event.start_sample - self._lead_samples),
                     agreement=LocalAgreement(self._stream.stable_hold_back_words),
                     language=None if auto else self._params.language,
                 )
@@ -434,6 +449,7 @@ class StreamSession:
         forced = stable if kind is DecodeKind.PARTIAL else ()
         context = self._context.for_decode(
             utterance_start=utt.start_sample,
+            lead_sample=utt.lead_sample,
             end_sample=end,
             window_samples=window,
             forced_chars=len(join_units(forced)),

@@ -41,6 +41,8 @@ def webrtc_vad(aggressiveness: int) -> Vad:
 class UtteranceStart:
     start_sample: int  # with the pre-roll
     speech_start_sample: int  # the first voiced frame (at or after start_sample)
+    # Where the quiet before it began: the previous utterance's end, or the stream's start.
+    lead_sample: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,6 +119,11 @@ class VadSegmenter:
         return self._start_sample
 
     @property
+    def lead_sample(self) -> int:
+        """The `UtteranceStart.lead_sample` of the next utterance to open."""
+        return self._last_end_sample
+
+    @property
     def silent_samples(self) -> int:
         """Unvoiced audio at the end of the open utterance (0 while none is open)."""
         return 0 if self._start_sample is None else self._silent_frames * FRAME_SAMPLES
@@ -167,7 +174,11 @@ class VadSegmenter:
                     min(speech, window_start) - self._preroll_samples, self._last_end_sample
                 )
                 self._open(start)
-                yield UtteranceStart(start_sample=start, speech_start_sample=speech)
+                yield UtteranceStart(
+                    start_sample=start,
+                    speech_start_sample=speech,
+                    lead_sample=self._last_end_sample,
+                )
             return
         self._recent.append((frame_start, level_dbfs))
         if voiced:
@@ -187,7 +198,7 @@ class VadSegmenter:
             cut = self._quietest_cut()
             yield self._close(cut)
             self._open(cut)
-            yield UtteranceStart(start_sample=cut, speech_start_sample=cut)
+            yield UtteranceStart(start_sample=cut, speech_start_sample=cut, lead_sample=cut)
 
     def flush(self, end_sample: int) -> Iterator[VadEvent]:
         """Close the open utterance at `end_sample` (finalize, or end of stream)."""
