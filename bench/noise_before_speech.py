@@ -1,0 +1,67 @@
+"""A corpus of utterances that follow seconds of noise or music, for `captiond bench decode`.
+
+    python3 bench/noise_before_speech.py ../shared/speech OUT
+    captiond bench decode --manifest OUT/manifest.jsonl --clips utterance --out DIR
+
+A decode without context hears the quiet before its utterance (context.py). In the speech
+corpus that quiet is short and quiet; here every 4th of the first 80 exact-reference utterances
+follows 5, 15 or 25 s of one of the corpus's noise or music clips at 0.3 of its level, so the
+bench shows whether Whisper then writes words for the noise or loses the utterance's first
+words. The clips are written to OUT (never into the repository); each keeps its utterance's
+reference text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import wave
+from pathlib import Path
+
+import numpy as np
+
+from captiond import SAMPLE_RATE_HZ
+
+NOISES = (
+    "noise_doing_the_dishes",
+    "noise_exercise_bike",
+    "music_kevin_macleod_vibe_ace",
+    "music_brahms_hungarian_dance5",
+)
+LEADS_S = (5, 15, 25)
+NOISE_GAIN = 0.3
+
+
+def read_pcm16(path: Path) -> np.ndarray:
+    with wave.open(str(path)) as w:
+        return np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("corpus", type=Path, help="the speech corpus folder (manifest.jsonl)")
+    parser.add_argument("out", type=Path, help="folder for the clips and their manifest.jsonl")
+    args = parser.parse_args()
+    clips = [json.loads(line) for line in (args.corpus / "manifest.jsonl").open()]
+    by_id = {clip["id"]: clip for clip in clips}
+    exact = [c for c in clips if c["kind"] == "utterance" and c.get("ref_quality") == "exact"]
+    (args.out / "wav").mkdir(parents=True, exist_ok=True)
+    with (args.out / "manifest.jsonl").open("w") as manifest:
+        for i, utterance in enumerate(exact[:80:4]):
+            noise_id, lead_s = NOISES[i % len(NOISES)], LEADS_S[i % len(LEADS_S)]
+            noise = read_pcm16(args.corpus / by_id[noise_id]["file"])[: lead_s * SAMPLE_RATE_HZ]
+            speech = read_pcm16(args.corpus / utterance["file"])
+            mixed = np.concatenate([noise * NOISE_GAIN, speech]).round().astype(np.int16)
+            clip_id = f"{utterance['id']}__{noise_id}_{lead_s}s"
+            with wave.open(str(args.out / "wav" / f"{clip_id}.wav"), "wb") as w:
+                w.setnchannels(1)
+                w.setsampwidth(2)
+                w.setframerate(SAMPLE_RATE_HZ)
+                w.writeframes(mixed.tobytes())
+            entry = dict(utterance, id=clip_id, file=f"wav/{clip_id}.wav")
+            entry["duration_s"] = len(mixed) / SAMPLE_RATE_HZ
+            manifest.write(json.dumps(entry) + "\n")
+
+
+if __name__ == "__main__":
+    main()
