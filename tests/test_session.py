@@ -32,7 +32,7 @@ from captiond.session import DecodeRequest, SessionState, StreamSession
 RATE = 16_000
 CHUNK_MS = 100
 # Every utterance decoded alone: older finals reach the decode through the prompt only.
-NO_CONTEXT = StreamConfig(context_s=0, partial_context_s=0)  # every utterance decoded alone
+NO_CONTEXT = StreamConfig(context_s=0, partial_context_s=0)
 
 Decoder = Callable[[EngineRequest], EngineResult]
 
