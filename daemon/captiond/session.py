@@ -373,15 +373,14 @@ class StreamSession:
         next_final_end = min(
             [end] + [u.decode_end_sample for u in self._closed if u.decode_end_sample is not None]
         )
-        # The next utterance to open starts at most _KEEP_BEHIND_MS back, its lead at most
+        behind = end - ms_to_samples(_KEEP_BEHIND_MS)
+        # The next utterance to open starts at `behind` or later, its lead at most
         # `_lead_samples` before that.
-        next_lead = max(
-            self._segmenter.lead_sample, end - ms_to_samples(_KEEP_BEHIND_MS) - self._lead_samples
-        )
+        next_lead = max(self._segmenter.lead_sample, behind - self._lead_samples)
         keep_from = min(
             [u.lead_sample for u in self._closed]
             + ([self._open.lead_sample] if self._open else [])
-            + [next_lead, end - ms_to_samples(_KEEP_BEHIND_MS)]
+            + [next_lead, behind]
             + [self._context.keep_from(next_final_end, self._final_window_samples)]
         )
         self._buffer.discard_before(keep_from)
