@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from captiond import SAMPLE_RATE_HZ
+from captiond.bench.common import select_clips
+from captiond_client.wavfile import read_wav_16k_mono, to_pcm_s16le
 
 NOISES = (
     "noise_doing_the_dishes",
@@ -32,11 +34,6 @@ LEADS_S = (5, 15, 25)
 NOISE_GAIN = 0.3
 
 
-def read_pcm16(path: Path) -> np.ndarray:
-    with wave.open(str(path)) as w:
-        return np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("corpus", type=Path, help="the speech corpus folder (manifest.jsonl)")
@@ -44,20 +41,21 @@ def main() -> None:
     args = parser.parse_args()
     clips = [json.loads(line) for line in (args.corpus / "manifest.jsonl").open()]
     by_id = {clip["id"]: clip for clip in clips}
-    exact = [c for c in clips if c["kind"] == "utterance" and c.get("ref_quality") == "exact"]
     (args.out / "wav").mkdir(parents=True, exist_ok=True)
     with (args.out / "manifest.jsonl").open("w") as manifest:
-        for i, utterance in enumerate(exact[:80:4]):
+        for i, utterance in enumerate(select_clips(clips, "utterance")[:80:4]):
             noise_id, lead_s = NOISES[i % len(NOISES)], LEADS_S[i % len(LEADS_S)]
-            noise = read_pcm16(args.corpus / by_id[noise_id]["file"])[: lead_s * SAMPLE_RATE_HZ]
-            speech = read_pcm16(args.corpus / utterance["file"])
-            mixed = np.concatenate([noise * NOISE_GAIN, speech]).round().astype(np.int16)
+            noise = read_wav_16k_mono(args.corpus / by_id[noise_id]["file"])
+            speech = read_wav_16k_mono(args.corpus / utterance["file"])
+            # In float64, as the 16-bit samples were scaled when the committed figures were made.
+            lead = noise[: lead_s * SAMPLE_RATE_HZ].astype(np.float64) * NOISE_GAIN
+            mixed = np.concatenate([lead, speech])
             clip_id = f"{utterance['id']}__{noise_id}_{lead_s}s"
             with wave.open(str(args.out / "wav" / f"{clip_id}.wav"), "wb") as w:
                 w.setnchannels(1)
                 w.setsampwidth(2)
                 w.setframerate(SAMPLE_RATE_HZ)
-                w.writeframes(mixed.tobytes())
+                w.writeframes(to_pcm_s16le(mixed))
             entry = dict(utterance, id=clip_id, file=f"wav/{clip_id}.wav")
             entry["duration_s"] = len(mixed) / SAMPLE_RATE_HZ
             manifest.write(json.dumps(entry) + "\n")

@@ -339,8 +339,9 @@ class StreamSession:
         stream's memory grows with when decodes fall behind. The rest of what the buffer keeps
         (the open utterance, the quiet before it, the context) is bounded by the utterance cap
         and the decode windows."""
-        end = self._buffer.end_sample
-        return end - (self._closed[0].start_sample if self._closed else end)
+        if not self._closed:
+            return 0
+        return self._buffer.end_sample - self._closed[0].start_sample
 
     @property
     def segments(self) -> int:
