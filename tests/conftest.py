@@ -1,4 +1,5 @@
-"""Shared fixtures: the real speech corpus (../shared/speech) and small helpers."""
+"""Shared fixtures: the real speech corpus (../shared/speech), the bundled model, and small
+helpers."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from typing import Any, NoReturn
 
 import numpy as np
 import pytest
+
+from captiond.config import EngineConfig
+from captiond.engines import Engine, load_engine
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPEECH_DIR = REPO_ROOT.parent / "shared" / "speech"
@@ -25,6 +29,15 @@ def _corpus(folder: Path) -> Path:
 def _manifest(folder: Path) -> list[dict[str, Any]]:
     with (folder / "manifest.jsonl").open(encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def tiny_en() -> Engine:
+    """The bundled tiny.en on faster-whisper (CPU), loaded and warmed up once for the tests
+    that share it."""
+    engine = load_engine(EngineConfig(name="faster-whisper", device="cpu"))
+    engine.warmup()
+    return engine
 
 
 @pytest.fixture(scope="session")

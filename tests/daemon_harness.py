@@ -12,7 +12,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from captiond.config import Config
-from captiond.engines import Engine
+from captiond.engines import Engine, EngineRequest, EngineResult
 from captiond.engines.fake import FakeEngine
 from captiond.scheduler import InferenceScheduler
 from captiond.server import Daemon
@@ -37,6 +37,20 @@ class LoudnessVad:
 
     def is_speech(self, buf: bytes, sample_rate: int) -> bool:
         return levels_dbfs(np.frombuffer(buf, dtype="<i2"))[0] > -40.0
+
+
+class PromptRecorder(FakeEngine):
+    """The fake engine, noting the stream prompt and task of every request it decodes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompts: list[str] = []
+        self.tasks: list[str] = []
+
+    def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
+        self.prompts += [r.stream_prompt for r in requests]
+        self.tasks += [r.task for r in requests]
+        return super().transcribe_batch(requests)
 
 
 def tone_bursts(bursts_s: list[float], gap_s: float = 1.0) -> np.ndarray:

@@ -33,7 +33,7 @@ from browser_harness import (
     write_capture,
 )
 from conftest import REPO_ROOT, read_wav_int16
-from daemon_harness import make_config, running_daemon
+from daemon_harness import PromptRecorder, make_config, running_daemon
 
 from captiond.bench.wer import word_errors
 from captiond.engines import load_engine
@@ -157,19 +157,24 @@ def test_refused_session_shows_the_error_code(browser: str) -> None:
     assert "refused" in text and "token is required" in text and "HTTP 401" in text
 
 
-def test_token_in_the_page_url_reaches_the_daemon(browser: str) -> None:
+def test_token_task_and_prompt_in_the_page_url_reach_the_daemon(tmp_path: Path) -> None:
+    engine = PromptRecorder()
+    mic = write_capture(np.concatenate([silence(0.5), tone(1.5), silence(2.0)]), tmp_path / "m.wav")
+
     async def scenario() -> None:
-        async with (
-            running_daemon(make_config(auth={"token": "s3cret"})) as daemon,
-            open_page(browser) as page,
-        ):
-            await page.navigate(page_url(daemon, "token=s3cret"))
-            await page.evaluate("document.getElementById('start').click()")
-            await page.wait_for("+clock.dataset.ms > 500", "audio to flow")
-            await page.evaluate("document.getElementById('stop').click()")
-            await page.wait_for("state.dataset.state === 'done'", "done")
+        async with running_daemon(make_config(auth={"token": "s3cret"}), engine=engine) as daemon:
+            with launch_chromium(tmp_path / "profile", mic) as browser:
+                async with open_page(browser) as page:
+                    query = "token=s3cret&task=translate&prompt=Philip+Steels%2C+Grafana"
+                    await page.navigate(page_url(daemon, query))
+                    await page.evaluate("document.getElementById('start').click()")
+                    await page.wait_for("+clock.dataset.ms > 3000", "audio to flow")
+                    await page.evaluate("document.getElementById('stop').click()")
+                    await page.wait_for("state.dataset.state === 'done'", "done")
 
     asyncio.run(scenario())
+    assert engine.prompts and set(engine.prompts) == {"Philip Steels, Grafana"}
+    assert set(engine.tasks) == {"translate"}
 
 
 def test_viewer_of_a_missing_source_says_so_on_a_phone(browser: str) -> None:

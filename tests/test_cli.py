@@ -184,3 +184,13 @@ def test_print_config_and_config_errors(tmp_path: Path) -> None:
         timeout=60,
     )
     assert missing.returncode != 0
+
+
+def test_the_prompt_option_sets_the_daemons_default_prompt() -> None:
+    serve = [*CAPTIOND, "serve", "--print-config", "--prompt"]
+    run = subprocess.run(
+        [*serve, "Philip Steels, Grafana"], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert 'prompt = "Philip Steels, Grafana"' in run.stdout
+    too_long = subprocess.run([*serve, "x" * 1001], capture_output=True, text=True, timeout=60)
+    assert too_long.returncode == 2 and "[stream] prompt must be at most 1000" in too_long.stderr

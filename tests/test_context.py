@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from captiond.context import CommittedFinal, TranscriptContext, tail_words
 from captiond.engines import (
     PROMPT_BUDGET_TOKENS,
+    STREAM_PROMPT_MAX_TOKENS,
     TEXT_TOKENS_CACHED,
     fit_prompt,
     text_tokens,
@@ -179,21 +180,36 @@ def test_tail_words_is_a_whole_word_suffix(texts: list[str], limit: int) -> None
         assert text[len(text) - len(tail) - 1] == " "
 
 
-# -- the prompt budget shared by previous text and prefix -------------------------------------
+# -- the prompt budget shared by the stream prompt, previous text and prefix ------------------
 
 
 def test_a_prompt_that_would_overflow_keeps_its_newest_tokens() -> None:
     previous = list(range(1000, 1300))  # 300 tokens: more than the 223 Whisper keeps
     prefix = list(range(50))
-    kept_previous, kept_prefix = fit_prompt(previous, prefix)
+    kept_previous, kept_prefix = fit_prompt([], previous, prefix)
     assert kept_prefix == prefix
     assert len(kept_previous) + len(kept_prefix) == PROMPT_BUDGET_TOKENS
     assert kept_previous == previous[-(PROMPT_BUDGET_TOKENS - 50) :]
 
 
 def test_small_prompts_are_kept_whole() -> None:
-    assert fit_prompt([1, 2, 3], [4, 5]) == ([1, 2, 3], [4, 5])
-    assert fit_prompt([], []) == ([], [])
+    assert fit_prompt([], [1, 2, 3], [4, 5]) == ([1, 2, 3], [4, 5])
+    assert fit_prompt([9], [1, 2, 3], [4, 5]) == ([9, 1, 2, 3], [4, 5])
+    assert fit_prompt([], [], []) == ([], [])
+
+
+def test_the_stream_prompt_keeps_its_start_within_half_the_budget_before_previous_text() -> None:
+    stream = list(range(2000, 2300))  # 300 tokens of names: only the first half-budget stays
+    previous = list(range(1000, 1300))
+    prefix = list(range(50))
+    kept, kept_prefix = fit_prompt(stream, previous, prefix)
+    assert kept_prefix == prefix
+    assert kept[:STREAM_PROMPT_MAX_TOKENS] == stream[:STREAM_PROMPT_MAX_TOKENS]
+    rest = PROMPT_BUDGET_TOKENS - 50 - STREAM_PROMPT_MAX_TOKENS
+    assert kept[STREAM_PROMPT_MAX_TOKENS:] == previous[-rest:]  # previous text: its newest part
+    # The prefix comes first: it leaves the stream's prompt only what is left of the budget.
+    kept, kept_prefix = fit_prompt(stream, previous, list(range(200)))
+    assert kept == stream[: PROMPT_BUDGET_TOKENS - 200] and len(kept_prefix) == 200
 
 
 def test_prompt_texts_are_tokenized_with_a_leading_space_once_while_they_repeat() -> None:
@@ -217,7 +233,7 @@ def test_prompt_texts_are_tokenized_with_a_leading_space_once_while_they_repeat(
 
 def test_a_prefix_over_the_budget_keeps_its_end_and_leaves_no_previous_text() -> None:
     prefix = list(range(400))
-    kept_previous, kept_prefix = fit_prompt([7, 8], prefix)
+    kept_previous, kept_prefix = fit_prompt([5, 6], [7, 8], prefix)
     assert kept_previous == []
     assert kept_prefix == prefix[-PROMPT_BUDGET_TOKENS:]
 

@@ -32,12 +32,19 @@ from assemblyai.streaming.v3 import (
     TurnEvent,
 )
 from conftest import read_wav_int16
-from daemon_harness import make_config, running_daemon, stream_pcm, tone_bursts, url
+from daemon_harness import (
+    PromptRecorder,
+    make_config,
+    running_daemon,
+    stream_pcm,
+    tone_bursts,
+    url,
+)
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from captiond.dialects.assemblyai import AssemblyAIDialect
-from captiond.engines import Engine, load_engine
+from captiond.engines import Engine
 from captiond.errors import (
     BadMessageError,
     EngineFailedError,
@@ -196,6 +203,32 @@ def test_force_endpoint_keepalive_update_configuration_and_terminate() -> None:
     assert termination.session_duration_seconds >= 0
 
 
+def test_keyterms_prompt_every_decode_and_an_update_replaces_them() -> None:
+    engine = PromptRecorder()
+    burst = tone_bursts([1.0])
+
+    def scenario(port: int) -> Recorder:
+        client, recorder = sdk(port)
+        client.connect(params(sample_rate=RATE, keyterms_prompt=["Grafana", "customer service"]))
+        client.stream(chunks(burst))
+        recorder.wait_for(lambda e: isinstance(e, TurnEvent) and e.end_of_turn)
+        client.set_params(StreamingSessionParameters(keyterms_prompt=["Kubernetes"]))
+        client.stream(chunks(burst))
+        client.disconnect(terminate=True)
+        return recorder
+
+    async def main() -> Recorder:
+        async with running_daemon(FAST, engine=engine) as d:
+            return await asyncio.wait_for(asyncio.to_thread(scenario, d.port), 60)
+
+    recorder = asyncio.run(main())
+    assert not recorder.of(StreamingError)
+    assert len([t for t in recorder.of(TurnEvent) if t.end_of_turn]) == 2
+    first = engine.prompts.index("Kubernetes")
+    assert set(engine.prompts[:first]) == {"Grafana, customer service"}
+    assert set(engine.prompts[first:]) == {"Kubernetes"}
+
+
 # -- auth and errors -----------------------------------------------------------------------------
 
 
@@ -340,9 +373,17 @@ def test_update_configuration_and_query_parameters() -> None:
     assert (params.sample_rate_hz, params.encoding, params.language) == (48000, "pcm_s16le", "de")
     several = AssemblyAIDialect({"language_codes": '["en", "es"]'}).stream_params("en")
     assert several.language == "auto"
+    assert params.prompt is None
+    terms = AssemblyAIDialect({"keyterms_prompt": '["Grafana", " Dr. Okafor "]'})
+    assert terms.stream_params("en").prompt == "Grafana, Dr. Okafor"
     update = {"type": "UpdateConfiguration", "format_turns": True, "language_codes": ["fr"]}
+    with pytest.raises(BadMessageError, match="keyterms_prompt"):  # refused whole
+        dialect.receive(json.dumps({**update, "keyterms_prompt": "Grafana"}))
+    [unformatted] = dialect.render(Final(segment=0, start_ms=0, end_ms=10, text="No."))
+    assert json.loads(unformatted)["transcript"] == "no", "format_turns changed"
     received = dialect.receive(json.dumps({**update, "max_turn_silence": 900, "novel": 1}))
-    assert received.language == "fr" and received.control is None
+    assert received.language == "fr" and received.control is None and received.prompt is None
+    assert dialect.receive('{"type": "UpdateConfiguration", "keyterms_prompt": []}').prompt == ""
     assert dialect.receive('{"type": "ForceEndpoint"}').control is Control.FINALIZE
     assert dialect.receive('{"type": "Terminate"}').control is Control.END
     assert dialect.receive('{"type": "KeepAlive"}').control is Control.KEEPALIVE
@@ -365,16 +406,9 @@ def test_update_configuration_and_query_parameters() -> None:
 # -- the real model ------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def engine() -> Engine:
-    loaded = load_engine(make_config(engine={"name": "faster-whisper", "device": "cpu"}).engine)
-    loaded.warmup()
-    return loaded
-
-
 @pytest.mark.model
 def test_sdk_transcript_equals_v1_stream_finals_at_48_khz(
-    speech_dir: Path, speech_manifest: list[dict[str, Any]], engine: Engine
+    speech_dir: Path, speech_manifest: list[dict[str, Any]], tiny_en: Engine
 ) -> None:
     """Same samples (the clip resampled to 48 kHz) through the SDK and through /v1/stream:
     the formatted turns are the v1 finals, the unformatted ones their lower-cased words."""
@@ -390,7 +424,7 @@ def test_sdk_transcript_equals_v1_stream_finals_at_48_khz(
         return recorder
 
     async def main() -> tuple[list[str], Recorder]:
-        async with running_daemon(FAST, engine=engine, vad_factory=None) as d:
+        async with running_daemon(FAST, engine=tiny_en, vad_factory=None) as d:
             v1 = await stream_pcm(url(d, query="sample_rate=48000"), pcm, chunk_samples=4800)
             recorder = await asyncio.wait_for(asyncio.to_thread(scenario, d.port), 120)
             return [m["text"] for m in v1.of("final") if m["text"]], recorder
@@ -409,3 +443,31 @@ def test_sdk_transcript_equals_v1_stream_finals_at_48_khz(
     termination = recorder.events[-1]
     assert isinstance(termination, TerminationEvent)
     assert termination.audio_duration_seconds == round(clip["duration_s"])
+
+
+@pytest.mark.model
+def test_keyterms_prompt_is_the_v1_streams_prompt(speech_dir: Path, tiny_en: Engine) -> None:
+    """A name the bundled model mishears alone, in `keyterms_prompt`: the formatted turns have
+    it, and are the v1 finals with `?prompt=` that name."""
+    pcm = read_wav_int16(speech_dir / "utt" / "cmu_arctic_aew_a0001.wav")
+    pcm = np.concatenate([pcm, np.zeros(RATE, "<i2")])
+    name = "Philip Steels"
+
+    def scenario(port: int) -> Recorder:
+        client, recorder = sdk(port)
+        client.connect(params(sample_rate=RATE, format_turns=True, keyterms_prompt=[name]))
+        client.stream(chunks(pcm))
+        client.disconnect(terminate=True)
+        return recorder
+
+    async def main() -> tuple[list[str], Recorder]:
+        async with running_daemon(FAST, engine=tiny_en, vad_factory=None) as d:
+            v1 = await stream_pcm(url(d, query=f"prompt={name.replace(' ', '+')}"), pcm)
+            recorder = await asyncio.wait_for(asyncio.to_thread(scenario, d.port), 120)
+            return [m["text"] for m in v1.of("final") if m["text"]], recorder
+
+    finals, recorder = asyncio.run(main())
+    assert not recorder.of(StreamingError)
+    formatted = [t.transcript for t in recorder.of(TurnEvent) if t.turn_is_formatted]
+    assert name in " ".join(finals)
+    assert [t for t in formatted if t] == finals

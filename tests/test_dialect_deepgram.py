@@ -17,17 +17,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import numpy as np
 import pytest
 from conftest import read_wav_int16
-from daemon_harness import RATE, make_config, running_daemon, stream_pcm, tone_bursts, url
+from daemon_harness import (
+    RATE,
+    PromptRecorder,
+    make_config,
+    running_daemon,
+    stream_pcm,
+    tone_bursts,
+    url,
+)
 from deepgram import DeepgramClient
 from deepgram.core.api_error import ApiError
 from deepgram.environment import DeepgramClientEnvironment
 from deepgram.listen.v1.socket_client import V1SocketClient
 from deepgram.listen.v1.types import (
     ListenV1Configure,
+    ListenV1ConfigureFailure,
+    ListenV1ConfigureSuccess,
     ListenV1Error,
     ListenV1KeepAlive,
     ListenV1Metadata,
@@ -40,9 +51,9 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from captiond.config import Config
 from captiond.dialects.deepgram import DeepgramDialect
-from captiond.engines import Engine, load_engine
+from captiond.engines import Engine
 from captiond.errors import BadAudioError
-from captiond.protocol import Control, Final, Ready, SpeechStopped
+from captiond.protocol import Control, Final, Query, Ready, SpeechStopped
 
 FAST = make_config(server={"max_audio_speed": 1e6})
 LINEAR16: dict[str, Any] = {"encoding": "linear16", "sample_rate": RATE}
@@ -167,24 +178,8 @@ def stereo(pcm: np.ndarray) -> bytes:
 # -- the real model ----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def model_config() -> Config:
-    return make_config(
-        engine={"name": "faster-whisper", "device": "cpu"}, server={"max_audio_speed": 1e6}
-    )
-
-
-@pytest.fixture(scope="module")
-def engine(model_config: Config) -> Engine:
-    loaded = load_engine(model_config.engine)
-    loaded.warmup()
-    return loaded
-
-
 @pytest.mark.model
-def test_sdk_transcript_equals_native_finals(
-    speech_dir: Path, model_config: Config, engine: Engine
-) -> None:
+def test_sdk_transcript_equals_native_finals(speech_dir: Path, tiny_en: Engine) -> None:
     """A real clip at 44.1 kHz in stereo (the SDK's chunks split sample frames): the SDK's
     committed text is captiond's own finals of the same samples, mono, over /v1/stream."""
     rate_hz = 44_100
@@ -192,7 +187,7 @@ def test_sdk_transcript_equals_native_finals(
     options = {"encoding": "linear16", "sample_rate": rate_hz, "channels": 2, "punctuate": True}
 
     async def scenario() -> tuple[Run, str]:
-        async with running_daemon(model_config, engine=engine, vad_factory=None) as daemon:
+        async with running_daemon(FAST, engine=tiny_en, vad_factory=None) as daemon:
             native = await stream_pcm(url(daemon, query=f"sample_rate={rate_hz}"), pcm, 4410)
             script = Script(stereo(pcm), chunk_bytes=7001)
             run = await asyncio.to_thread(listen, daemon.port, script, options)
@@ -209,6 +204,27 @@ def test_sdk_transcript_equals_native_finals(
     assert metadata == [run.messages[-1]]
     assert metadata[0].channels == 2
     assert metadata[0].sha256 == hashlib.sha256(stereo(pcm)).hexdigest()
+
+
+@pytest.mark.model
+def test_keyterm_is_the_native_streams_prompt(speech_dir: Path, tiny_en: Engine) -> None:
+    """A name the bundled model mishears alone, given as a `keyterm`: the SDK's transcript
+    has it, and is captiond's own finals with `?prompt=` that name."""
+    pcm = read_wav_int16(speech_dir / "utt" / "cmu_arctic_aew_a0001.wav")
+    pcm = np.concatenate([pcm, np.zeros(RATE, "<i2")])
+    name = "Philip Steels"
+    options = {**LINEAR16, "punctuate": True, "keyterm": [name]}
+
+    async def scenario() -> tuple[Run, str]:
+        async with running_daemon(FAST, engine=tiny_en, vad_factory=None) as daemon:
+            query = f"prompt={name.replace(' ', '+')}"
+            native = await stream_pcm(url(daemon, query=query), pcm)
+            run = await asyncio.to_thread(listen, daemon.port, Script(pcm.tobytes()), options)
+        return run, " ".join(m["text"] for m in native.of("final") if m["text"])
+
+    run, native_text = asyncio.run(scenario())
+    assert name in run.transcript
+    assert run.transcript == native_text
 
 
 # -- the fake engine ---------------------------------------------------------------------------
@@ -350,22 +366,46 @@ def test_api_key_and_access_token_are_accepted_and_a_wrong_key_is_refused() -> N
 
 
 def test_a_malformed_message_gets_a_schema_error_and_the_stream_goes_on() -> None:
-    """An unknown message type and a Configure are answered with Deepgram's Error shapes;
-    neither ends the stream."""
+    """An unknown message type is answered with Deepgram's Error shape; it does not end the
+    stream."""
 
     def script(socket: V1SocketClient, inbox: Inbox) -> None:
         socket.send_keep_alive(ListenV1KeepAlive(type="KeepDead"))
-        socket.send_configure(ListenV1Configure(keyterms=["captiond"]))
-        inbox.wait_for(lambda m: isinstance(m, ListenV1Error) and m.code is not None)
+        inbox.wait_for(lambda m: isinstance(m, ListenV1Error))
         Script(tone_bursts([1.0]).tobytes())(socket, inbox)
 
     run: Run = run_with_daemon(FAST, lambda port: listen(port, script, LINEAR16))
-    schema, configure = run.of(ListenV1Error)
+    (schema,) = run.of(ListenV1Error)
     assert schema.variant == "SchemaError" and "KeepDead" in (schema.message or "")
-    assert configure.variant == "InvalidConfigureMessage"
-    assert configure.code == "KeytermsNotSupported"
     assert run.transcript and isinstance(run.messages[-1], ListenV1Metadata)
     assert run.close_code == 1000
+
+
+def test_keyterms_prompt_every_decode_and_configure_replaces_them() -> None:
+    """`keyterm` (repeated) is the stream's prompt; a Configure with `keyterms` replaces it from
+    then on, one that changes formatting is refused whole; the stream goes on."""
+    engine = PromptRecorder()
+    burst = tone_bursts([1.0]).tobytes()
+
+    def script(socket: V1SocketClient, inbox: Inbox) -> None:
+        socket.send_media(burst)
+        inbox.wait_for(lambda m: isinstance(m, ListenV1Results) and m.is_final)
+        socket.send_configure(ListenV1Configure(keyterms=["Kubernetes"], features={"a": True}))
+        inbox.wait_for(lambda m: isinstance(m, ListenV1ConfigureFailure))
+        socket.send_configure(ListenV1Configure(keyterms=["Kubernetes"]))
+        inbox.wait_for(lambda m: isinstance(m, ListenV1ConfigureSuccess))
+        Script(burst)(socket, inbox)
+
+    options = {**LINEAR16, "keyterm": ["Grafana", "customer service"]}
+    run: Run = run_with_daemon(FAST, lambda port: listen(port, script, options), engine)
+    (failure,) = run.of(ListenV1ConfigureFailure)
+    assert failure.code == "CONFIGURE_INTERNAL_ERROR" and failure.request_id
+    (success,) = run.of(ListenV1ConfigureSuccess)
+    assert success.keyterms == ["Kubernetes"]
+    assert len(run.finals) == 2 and run.close_code == 1000
+    first = engine.prompts.index("Kubernetes")
+    assert set(engine.prompts[:first]) == {"Grafana, customer service"}
+    assert set(engine.prompts[first:]) == {"Kubernetes"}
 
 
 @pytest.mark.parametrize(
@@ -398,7 +438,9 @@ def test_a_stream_that_cannot_be_served_is_refused_before_the_upgrade(
 
 
 def render_final(query: dict[str, str], text: str) -> dict[str, Any]:
-    dialect = DeepgramDialect({**query, "encoding": "linear16", "sample_rate": "16000"})
+    dialect = DeepgramDialect(
+        Query(urlencode({**query, "encoding": "linear16", "sample_rate": 16000}))
+    )
     dialect.render(Ready(session="s1", sample_rate=RATE, model="tiny.en", engine="fake"))
     (frame,) = dialect.render(Final(segment=0, start_ms=1000, end_ms=3000, text=text))
     result: dict[str, Any] = ListenV1Results.model_validate_json(frame).model_dump()
@@ -441,7 +483,7 @@ def test_a_finalize_is_recognised_within_the_resamplers_lag() -> None:
     """At 48 kHz the daemon's 16 kHz stream lags the audio received: an utterance closed by
     a Finalize ends up to 100 ms before where the client stood; one closed by the VAD earlier
     is not from_finalize, nor is one closed after more audio."""
-    dialect = DeepgramDialect({"encoding": "linear16", "sample_rate": "48000"})
+    dialect = DeepgramDialect(Query("encoding=linear16&sample_rate=48000"))
     dialect.stream_params("en")
     dialect.receive(np.zeros(48_000 * 2, "<i2").tobytes())  # 2 s
     assert dialect.receive('{"type": "Finalize"}').control is Control.FINALIZE
@@ -458,6 +500,6 @@ def test_a_finalize_is_recognised_within_the_resamplers_lag() -> None:
 
 @pytest.mark.parametrize("channels", ["0", "9", "two", "²", "9" * 5000])
 def test_a_bad_channel_count_is_refused_not_raised_on_connect(channels: str) -> None:
-    dialect = DeepgramDialect({**LINEAR16, "sample_rate": "16000", "channels": channels})
+    dialect = DeepgramDialect(Query(urlencode({**LINEAR16, "channels": channels})))
     with pytest.raises(BadAudioError, match=r"channels must be 1\.\.8"):
         dialect.stream_params("en")

@@ -19,6 +19,7 @@ import soxr
 from conftest import read_wav_int16
 from daemon_harness import (
     Exchange,
+    PromptRecorder,
     collect,
     make_config,
     running_daemon,
@@ -38,7 +39,7 @@ from websockets.exceptions import InvalidStatus
 from captiond import protocol
 from captiond.config import Config
 from captiond.dialects.openai_realtime import OpenAIRealtimeDialect
-from captiond.engines import Engine, EngineRequest, EngineResult, load_engine
+from captiond.engines import Engine, EngineRequest, EngineResult
 from captiond.engines.fake import FakeEngine
 
 RATE_HZ: Final = 24_000
@@ -159,47 +160,49 @@ def run(scenario: Callable[[int], Any], config: Config | None = None, **daemon: 
 
 
 @pytest.fixture(scope="module")
-def engine() -> Engine:
-    loaded = load_engine(make_config(engine={"name": "faster-whisper", "device": "cpu"}).engine)
-    loaded.warmup()
-    return loaded
-
-
-@pytest.fixture(scope="module")
 def jfk_24k(speech_dir: Path) -> np.ndarray:
     # Trailing silence ends the last utterance by the VAD, on either path.
     pcm = read_wav_int16(speech_dir / "utt" / "jfk_inaugural_1961.wav")
     return to_24k(np.concatenate([pcm, np.zeros(24_000, "<i2")]))
 
 
-@pytest.mark.model
-def test_sdk_transcript_equals_the_native_stream(engine: Engine, jfk_24k: np.ndarray) -> None:
-    # Without partials the finals depend on the audio only, not on when partials ran.
+def native_and_sdk_finals(
+    engine: Engine, pcm_24k: np.ndarray, query: str, session: TranscriptionSession = SESSION
+) -> tuple[list[str], list[str]]:
+    """The finals of `pcm_24k` over /v1/stream (`query` added) and the SDK's completed
+    transcripts of the same audio in `session`, without partials: then the finals depend on
+    the audio only, not on when partials ran."""
     config = make_config(server=FAST, stream={"partial_interval_ms": 3_600_000})
 
     async def main() -> tuple[list[str], list[str]]:
         async with running_daemon(config, engine=engine, vad_factory=None) as daemon:
-            native = await stream_pcm(url(daemon, query="sample_rate=24000"), jfk_24k, 4_800)
+            target = url(daemon, query=f"sample_rate=24000&{query}")
+            native = await stream_pcm(target, pcm_24k, 4_800)
             finals = [m["text"] for m in native.of("final")]
 
             def sdk() -> list[str]:
-                with transcription(daemon.port) as conn:
-                    append(conn, jfk_24k)
+                with transcription(daemon.port, session) as conn:
+                    append(conn, pcm_24k)
                     conn.input_audio_buffer.commit()
                     events = read_until(conn, completions(len(finals)))
                 return [e.transcript for e in events if e.type == COMPLETED]
 
             return finals, await asyncio.wait_for(asyncio.to_thread(sdk), 120)
 
-    finals, transcripts = asyncio.run(main())
+    return asyncio.run(main())
+
+
+@pytest.mark.model
+def test_sdk_transcript_equals_the_native_stream(tiny_en: Engine, jfk_24k: np.ndarray) -> None:
+    finals, transcripts = native_and_sdk_finals(tiny_en, jfk_24k, "")
     assert "what you can do for your country" in " ".join(finals).lower()
     assert transcripts == finals
 
 
 @pytest.mark.model
-def test_deltas_add_up_to_each_final(engine: Engine, jfk_24k: np.ndarray) -> None:
+def test_deltas_add_up_to_each_final(tiny_en: Engine, jfk_24k: np.ndarray) -> None:
     async def main() -> list[Any]:
-        async with running_daemon(make_config(server=FAST), engine=engine, vad_factory=None) as d:
+        async with running_daemon(make_config(server=FAST), engine=tiny_en, vad_factory=None) as d:
             native = await stream_pcm(url(d, query="sample_rate=24000"), jfk_24k, 4_800)
 
             def sdk() -> list[Any]:
@@ -214,6 +217,20 @@ def test_deltas_add_up_to_each_final(engine: Engine, jfk_24k: np.ndarray) -> Non
 
     events = asyncio.run(main())
     check_items(events)
+
+
+@pytest.mark.model
+def test_the_prompt_is_the_native_streams_prompt(tiny_en: Engine, speech_dir: Path) -> None:
+    """`transcription.prompt` (OpenAI's keywords for whisper-1) primes a name the bundled
+    model mishears alone, exactly as `?prompt=` does on /v1/stream."""
+    pcm = read_wav_int16(speech_dir / "utt" / "cmu_arctic_aew_a0001.wav")
+    pcm_24k = to_24k(np.concatenate([pcm, np.zeros(16_000, "<i2")]))
+    name = "Philip Steels"
+    session = session_with(transcription={"language": "en", "prompt": name})
+    query = f"prompt={name.replace(' ', '+')}"
+    finals, transcripts = native_and_sdk_finals(tiny_en, pcm_24k, query, session)
+    assert name in " ".join(finals)
+    assert transcripts == finals
 
 
 def test_deltas_add_up_to_the_final_in_a_script_without_spaces() -> None:
@@ -330,6 +347,31 @@ def test_session_update_switches_the_language() -> None:
     assert refused.type == "error" and refused.error.code == "invalid_value"
     assert refused.error.param == "session.audio.input.transcription.language"
     assert engine.languages and set(engine.languages) == {"de"}, "a refused update changed it"
+
+
+def test_session_update_sets_the_prompt_and_a_refused_one_changes_nothing() -> None:
+    engine = PromptRecorder()
+    terms = "Kubernetes, Grafana"
+
+    def scenario(port: int) -> list[Any]:
+        replies = []
+        with transcription(port) as conn:
+            for prompt in (terms, "x" * 1_001, 42):
+                update = session_with(transcription={"language": "en", "prompt": prompt})
+                conn.send_raw(json.dumps({"type": "session.update", "session": update}))
+                replies.append(conn.recv())
+            append(conn, BURST)
+            conn.input_audio_buffer.commit()
+            read_until(conn, completions(1))
+        return replies
+
+    updated, too_long, not_text = run(scenario, engine=engine)
+    assert updated.type == "session.updated"
+    assert updated.session.audio.input.transcription.prompt == terms
+    assert too_long.type == "error" and too_long.error.code == "string_above_max_length"
+    assert not_text.type == "error" and not_text.error.code == "invalid_type"
+    assert not_text.error.param == "session.audio.input.transcription.prompt"
+    assert engine.prompts and set(engine.prompts) == {terms}, "a refused update changed it"
 
 
 def test_openai_key_is_checked_before_the_upgrade() -> None:

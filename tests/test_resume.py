@@ -10,7 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_harness import RATE, collect, make_config, running_daemon, tone_bursts, url
+from daemon_harness import (
+    RATE,
+    PromptRecorder,
+    collect,
+    make_config,
+    running_daemon,
+    tone_bursts,
+    url,
+)
 from websockets.asyncio.client import ClientConnection, connect
 
 from captiond.config import Config
@@ -181,14 +189,15 @@ def _journaled(tmp_path: Path, **server: Any) -> Config:
 def test_resume_across_a_daemon_restart(tmp_path: Path, journal: bool) -> None:
     """With the journal on, a session the daemon stopped is taken back by the restarted
     daemon: finals from `since` replayed, segments and stream times continue, and the journal
-    holds the whole session as one. Without it the resume is refused and the client starts
-    over."""
+    holds the whole session as one; the session keeps its task and prompt. Without it the
+    resume is refused and the client starts over."""
+    engine = PromptRecorder()
 
     async def scenario() -> None:
         config = _journaled(tmp_path) if journal else make_config()
         async with running_daemon(config) as daemon:
             port = daemon.port
-            conn = await connect(url(daemon))
+            conn = await connect(url(daemon, query="task=translate&prompt=Grafana"))
             ready = json.loads(await conn.recv())
             sent = FOUR_BURSTS[: len(FOUR_BURSTS) - RATE // 2]
             await conn.send(sent.tobytes())
@@ -204,7 +213,7 @@ def test_resume_across_a_daemon_restart(tmp_path: Path, journal: bool) -> None:
         again_config = (
             _journaled(tmp_path, port=port) if journal else make_config(server={"port": port})
         )
-        async with running_daemon(again_config) as daemon:
+        async with running_daemon(again_config, engine=engine) as daemon:
             target = resume_url(url(daemon), ready["resume_token"], since=3)
             async with connect(target) as again:
                 first = json.loads(await again.recv())
@@ -227,5 +236,6 @@ def test_resume_across_a_daemon_restart(tmp_path: Path, journal: bool) -> None:
         journaled = find_session(tmp_path / "journal", ready["session"])
         assert [f.segment for f in journaled.finals] == [0, 1, 2, 3, 4]
         assert journaled.ended and journaled.close_code == 1000
+        assert set(engine.prompts) == {"Grafana"} and set(engine.tasks) == {"translate"}
 
     run(scenario())

@@ -108,6 +108,7 @@ def test_finalize_forces_an_endpoint() -> None:
         ("encoding=mp3", [], "bad_audio", 1007),
         ("sample_rate=1000", [], "bad_audio", 1007),
         ("sample_rate=abc", [], "bad_audio", 1007),
+        ("prompt=" + "x" * 1001, [], "bad_message", 1008),
     ],
 )
 def test_bad_input_gets_error_and_close_code(

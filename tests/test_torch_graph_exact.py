@@ -54,6 +54,7 @@ def clips(speech_dir: Path, speech_manifest: list[dict[str, Any]]) -> list[Engin
     Every third request carries the previous utterance's reference text as its prompt; every
     third, starting with the second, its own first words as a forced prefix (as a decode with
     context or stable words does), one of them together with a prompt; one long window too.
+    Every fourth, starting with the fourth, has a stream prompt (names, as a client gives).
     """
     utterances = [e for e in speech_manifest if e["kind"] == "utterance" and e["duration_s"] <= 30]
     stride = max(1, len(utterances) // N_UTTERANCES)
@@ -64,8 +65,15 @@ def clips(speech_dir: Path, speech_manifest: list[dict[str, Any]]) -> list[Engin
         prompt = chosen[i - 1]["text"][:200] if i % 3 == 2 or i == 4 else ""
         prefix = " ".join(entry["text"].split()[:5]) if i % 3 == 1 else ""
         audio = _read_wav(speech_dir / entry["file"])[: 30 * 16_000]
+        stream_prompt = "Philip Steels, Grafana, Dr. Okafor." if i % 4 == 3 else ""
         requests.append(
-            EngineRequest(audio=audio, kind=DecodeKind.FINAL, prompt=prompt, prefix=prefix)
+            EngineRequest(
+                audio=audio,
+                kind=DecodeKind.FINAL,
+                prompt=prompt,
+                prefix=prefix,
+                stream_prompt=stream_prompt,
+            )
         )
     long_entry = next(e for e in speech_manifest if e["kind"] == "long" and e["duration_s"] > 90)
     long_audio = _read_wav(speech_dir / long_entry["file"])
@@ -121,7 +129,14 @@ def _reference_decode(
     tokenizer = Tokenizer(model.hf_tokenizer, model.model.is_multilingual, "transcribe", "en")
     previous = tokenizer.encode(" " + request.prompt.strip()) if request.prompt.strip() else []
     prefix = request.prefix or None
-    prompt = model.get_prompt(tokenizer, previous, without_timestamps=True, prefix=prefix)
+    # A stream prompt is faster-whisper's `hotwords`, which it drops when there is a prefix;
+    # captiond keeps it there too, in the same place: first in the previous text.
+    hotwords = request.stream_prompt or None
+    if hotwords and prefix:
+        previous = tokenizer.encode(" " + hotwords.strip()) + previous
+    prompt = model.get_prompt(
+        tokenizer, previous, without_timestamps=True, prefix=prefix, hotwords=hotwords
+    )
     n_prefix = len(tokenizer.encode(" " + request.prefix.strip())) if prefix else 0
     # faster-whisper's default suppress_tokens=[-1] resolved, plus -1 for config.json's list.
     suppress = [-1, *get_suppressed_tokens(tokenizer, [-1])]

@@ -172,8 +172,9 @@ async function startMicrophone() {
 
 function streamUrl(m) {
   const params = { sample_rate: "16000", encoding: "pcm_s16le" };
-  // /?language=auto (or de, …) and /?task=translate reach the daemon as they are.
-  for (const key of ["language", "task"]) if (query.get(key)) params[key] = query.get(key);
+  // /?language=auto (or de, …), /?task=translate and /?prompt=… (names and terms) reach the
+  // daemon as they are.
+  for (const key of ["language", "task", "prompt"]) if (query.get(key)) params[key] = query.get(key);
   if (m.token && Date.now() - m.downAt > m.resumeS * 1000) {
     m.lost = `The connection was away longer than the daemon keeps a session (${m.resumeS} s).`;
     m.token = null;

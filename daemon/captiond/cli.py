@@ -48,11 +48,18 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
         help="spoken language (en, de, …) or auto: detected per utterance (multilingual"
         " models); default [stream] language, en",
     )
+    parser.add_argument(
+        "--prompt",
+        help="names and terms the audio may contain, for streams that give none"
+        ' ("Philip Steels, Grafana"); default [stream] prompt',
+    )
     parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
 
 
 def _config_from(args: argparse.Namespace) -> Config:
-    config = override(load_config(args.config), "stream", language=args.language)
+    config = override(
+        load_config(args.config), "stream", language=args.language, prompt=args.prompt
+    )
     return override(
         config,
         "engine",

@@ -15,6 +15,7 @@ from typing import Any, get_origin, get_type_hints
 from urllib.parse import urlsplit
 
 from captiond.errors import ConfigError
+from captiond.protocol import MAX_PROMPT_CHARS
 
 WHISPER_WINDOW_S = 30.0
 
@@ -108,6 +109,10 @@ class StreamConfig:
     context_chars: int = 450
     # Text older than the context: Whisper's previous-text prompt (cheap: one forward pass).
     prompt_chars: int = 600
+    # Names and terms the audio may contain ("Kubernetes, Dr. Nguyen, Q3 roadmap"), put before
+    # the previous text of every decode of a stream that does not give its own (`?prompt=`, a
+    # vendor API's prompt or key terms): the microphone sources, `captiond transcribe`, bench.
+    prompt: str = ""
     # Beam search for finals, as a whole-file decode uses (torch_graph decodes greedily).
     final_beam_size: int = 5
     # Beam search for finals with context (a forced prefix): CTranslate2 runs each forced
@@ -374,6 +379,8 @@ def _check_stream(stream: StreamConfig) -> None:
     for key in ("final_beam_size", "context_beam_size", "partial_beam_size"):
         if getattr(stream, key) < 1:
             raise ConfigError(f"[stream] {key} must be 1 or more")
+    if len(stream.prompt) > MAX_PROMPT_CHARS:
+        raise ConfigError(f"[stream] prompt must be at most {MAX_PROMPT_CHARS} characters")
 
 
 def load_config(path: Path | None) -> Config:

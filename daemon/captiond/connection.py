@@ -355,6 +355,8 @@ class LiveStream:
                 control, audio = received.control, received.audio
                 if received.language is not None:
                     session.set_language(received.language)
+                if received.prompt is not None:
+                    session.set_prompt(received.prompt)
                 if isinstance(control, Ack):
                     self.held.ack(control.segment)
                     continue

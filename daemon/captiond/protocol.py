@@ -9,9 +9,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
+from urllib.parse import parse_qsl
 
 from captiond import PROTOCOL
 from captiond.errors import BadAudioError, BadMessageError
@@ -21,6 +22,9 @@ AUTO_LANGUAGE = "auto"
 TASKS = ("transcribe", "translate")
 MIN_SAMPLE_RATE_HZ = 8_000
 MAX_SAMPLE_RATE_HZ = 192_000
+# A stream's prompt (names, terms): engines keep at most 111 tokens of it (engines.fit_prompt),
+# a few hundred characters in most scripts; longer text is a mistake, refused rather than cut.
+MAX_PROMPT_CHARS = 1_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,6 +35,9 @@ class StreamParams:
     encoding: str = "pcm_s16le"
     language: str = "en"  # or "auto": detected per utterance
     task: str = "transcribe"  # or "translate": English captions of any language
+    # Names and terms the audio may contain, put before every decode's previous text; None:
+    # the daemon's `[stream] prompt`.
+    prompt: str | None = None
 
     @property
     def auto_language(self) -> bool:
@@ -61,7 +68,14 @@ def parse_stream_params(query: Mapping[str, str], default_language: str) -> Stre
     task = query.get("task", "transcribe")
     if task not in TASKS:
         raise BadMessageError(f"task must be one of {', '.join(TASKS)}, got {task[:20]!r}")
-    return StreamParams(sample_rate_hz=rate_hz, encoding=encoding, language=language, task=task)
+    prompt = query.get("prompt")
+    return StreamParams(
+        sample_rate_hz=rate_hz,
+        encoding=encoding,
+        language=language,
+        task=task,
+        prompt=None if prompt is None else check_prompt(prompt),
+    )
 
 
 def check_language(language: str) -> str:
@@ -73,6 +87,33 @@ def check_language(language: str) -> str:
             f"language must be a 2- or 3-letter code or 'auto', got {language[:20]!r}"
         )
     return language.lower()
+
+
+def check_prompt(prompt: str, what: str = "prompt") -> str:
+    """A stream's prompt, stripped; `what` names it in the error as the client's protocol does."""
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise BadMessageError(
+            f"{what} is {len(prompt)} characters long: at most {MAX_PROMPT_CHARS} are taken"
+        )
+    return prompt.strip()
+
+
+def prompt_of_terms(terms: Sequence[str], what: str = "key terms") -> str:
+    """Key terms (Deepgram's `keyterm`, AssemblyAI's `keyterms_prompt`) as one prompt, the way
+    Whisper reads a list in its previous text: comma-separated."""
+    return check_prompt(", ".join(t.strip() for t in terms if t.strip()), what)
+
+
+class Query(dict[str, str]):
+    """A query string: each parameter's last value (a dict), and every value of one that is
+    repeated (`every`: Deepgram's `keyterm=a&keyterm=b`)."""
+
+    def __init__(self, text: str = "") -> None:
+        self._pairs = parse_qsl(text)
+        super().__init__(self._pairs)
+
+    def every(self, name: str) -> list[str]:
+        return [value for key, value in self._pairs if key == name]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection
 from websockets.exceptions import ConnectionClosed
@@ -53,6 +53,7 @@ from captiond.journal_read import find_session
 from captiond.metrics import Metrics
 from captiond.protocol import (
     Final,
+    Query,
     Ready,
     Resumed,
     ResumeRequest,
@@ -263,7 +264,7 @@ class Daemon:
                 )
                 check_token(
                     self.config.auth.token,
-                    dict(parse_qsl(url.query)),
+                    Query(url.query),
                     request.headers.get("Authorization"),
                     endpoint.auth_schemes if endpoint else ("bearer",),
                 )
@@ -280,7 +281,7 @@ class Daemon:
                 response.headers["Content-Type"] = content_type
                 return response
             if endpoint is not None and endpoint.check_query_first:
-                query = dict(parse_qsl(url.query))
+                query = Query(url.query)
                 try:
                     endpoint.dialect(query).stream_params(self.config.stream.language)
                 except SessionError as exc:
@@ -300,7 +301,7 @@ class Daemon:
     async def _handle(self, conn: ServerConnection) -> None:
         assert conn.request is not None
         url = urlsplit(conn.request.path)
-        query = dict(parse_qsl(url.query))
+        query = Query(url.query)
         endpoint = ENDPOINTS.get(url.path)
         dialect = endpoint.dialect(query) if endpoint else NativeDialect(query)
         if isinstance(conn, AnsweringConnection):
@@ -384,6 +385,8 @@ class Daemon:
                 stream={
                     "sample_rate": params.sample_rate_hz,
                     "encoding": params.encoding,
+                    "task": params.task,
+                    "prompt": params.prompt,
                     "resume_sha256": resume_key.secret_sha256 if resume_key else None,
                 },
                 continues=continues,
@@ -513,6 +516,9 @@ class Daemon:
             sample_rate_hz=int(header["sample_rate"]),
             encoding=str(header["encoding"]),
             language=str(header["language"]),
+            # Journals written before these were kept transcribe with the daemon's prompt.
+            task=str(header.get("task", "transcribe")),
+            prompt=None if header.get("prompt") is None else str(header["prompt"]),
         )
         origin = StreamOrigin(
             start_sample=ms_to_samples(int(end["audio_ms"])),

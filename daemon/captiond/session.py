@@ -152,6 +152,7 @@ class StreamSession:
         self._partials = partials
         self._early_finals = early_finals
         self._params = params
+        self._prompt = config.stream.prompt if params.prompt is None else params.prompt
         self._resampler = (
             Resampler(params.sample_rate_hz) if params.sample_rate_hz != 16_000 else None
         )
@@ -214,6 +215,11 @@ class StreamSession:
         self._params = dataclasses.replace(self._params, language=check_language(language))
         if not self._params.auto_language:
             self._language = self._params.language
+
+    def set_prompt(self, prompt: str) -> None:
+        """Prompt the decodes from the next one on with `prompt` (names, terms; "" for none),
+        a session update of a vendor API."""
+        self._prompt = prompt
 
     def receive_control(self, control: Control) -> None:
         if control is Control.KEEPALIVE:
@@ -481,6 +487,7 @@ class StreamSession:
                 task=self._params.task,
                 prompt=context.prompt,
                 prefix=join_texts((context.prefix, join_units(forced))),
+                stream_prompt=self._prompt,
                 beam_size=beam,
                 speech_from_sample=gate_from,
                 end_sample=end,

@@ -21,11 +21,13 @@ from captiond.protocol import Ack, Control, ServerMessage, StreamParams
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Received:
     """What one client frame means: audio to feed, a control for the session, the language
-    of the audio from now on (a session update), replies to send at once."""
+    of the audio and the stream's prompt from now on (a session update; None: unchanged),
+    replies to send at once."""
 
     audio: bytes = b""
     control: Control | Ack | None = None
     language: str | None = None
+    prompt: str | None = None
     replies: tuple[str, ...] = ()
 
 

@@ -22,12 +22,16 @@ times are interpolated evenly over the part of the segment not yet taken by earl
 kept once the word is final. `confidence` (every word) is 1.0 and `end_of_turn_confidence` is
 1.0 on a final and 0.0 otherwise: placeholders the SDK requires, not model scores.
 
+`keyterms_prompt` (in the query or an `UpdateConfiguration`; `[]` clears it) becomes the stream's
+prompt: the terms, comma-separated, which Whisper reads before every decode's previous text.
+
 Unsupported: pcm_mulaw and the compressed encodings (an error: captiond takes linear PCM);
 `speech_model`, turn-detection thresholds (`end_of_turn_confidence_threshold`,
 `min_turn_silence`, `max_turn_silence`, `vad_threshold`: captiond's VAD ends turns),
-`keyterms_prompt`, `prompt`, `inactivity_timeout` (the daemon's `[server] idle_timeout_s`
-applies, and KeepAlive does not hold it), speaker labels, PII redaction, `Heartbeat`: ignored,
-as are unknown fields. Several `language_codes` decode as "auto" (any language Whisper knows).
+`prompt` (an instruction to AssemblyAI's model, which Whisper would read as words said before),
+`inactivity_timeout` (the daemon's `[server] idle_timeout_s` applies, and KeepAlive does not hold
+it), speaker labels, PII redaction, `Heartbeat`: ignored, as are unknown fields. Several
+`language_codes` decode as "auto" (any language Whisper knows).
 `expires_at` is nominal (AssemblyAI's 3-hour limit): captiond ends no session for its age.
 """
 
@@ -36,7 +40,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from captiond.dialects import Received
@@ -53,10 +57,11 @@ from captiond.protocol import (
     StreamParams,
     check_language,
     parse_stream_params,
+    prompt_of_terms,
 )
 from captiond.text import join_units, plain_unit, units
 
-# Control messages are small; UpdateConfiguration may carry key terms and a prompt (ignored).
+# Control messages are small; UpdateConfiguration may carry key terms and a prompt.
 MAX_MESSAGE_BYTES = 16_384
 SESSION_LIFETIME_S = 3 * 3600  # Begin's expires_at: AssemblyAI's limit, not enforced here
 # AssemblyAI's v3 close codes (docs: "Common session errors and closures"; the SDK's
@@ -117,7 +122,10 @@ class AssemblyAIDialect:
         elif "language_code" in query:
             language = _language_of([query["language_code"]])
         rate = query.get("sample_rate", "16000")
-        return parse_stream_params({"sample_rate": rate, "language": language}, default_language)
+        params = parse_stream_params({"sample_rate": rate, "language": language}, default_language)
+        if "keyterms_prompt" in query:
+            params = replace(params, prompt=_prompt_of(_json(query["keyterms_prompt"])))
+        return params
 
     def receive(self, frame: str | bytes) -> Received:
         if isinstance(frame, bytes):
@@ -137,14 +145,17 @@ class AssemblyAIDialect:
         raise BadMessageError(f"Invalid Message Type: {kind[:50]}")
 
     def _update(self, message: dict[str, Any]) -> Received:
-        """Take what maps (format_turns, language_codes); ignore the rest (see the docstring)."""
+        """Take what maps (format_turns, language_codes, keyterms_prompt), all of it or, if any
+        is invalid, none; ignore the rest (see the docstring)."""
         format_turns = message.get("format_turns")
+        if format_turns is not None and not isinstance(format_turns, bool):
+            raise BadMessageError("Invalid Message: format_turns must be true or false")
+        codes, keyterms = message.get("language_codes"), message.get("keyterms_prompt")
+        language = None if codes is None else _language_of(codes)
+        prompt = None if keyterms is None else _prompt_of(keyterms)
         if format_turns is not None:
-            if not isinstance(format_turns, bool):
-                raise BadMessageError("Invalid Message: format_turns must be true or false")
             self._format_turns = format_turns
-        codes = message.get("language_codes")
-        return Received(language=None if codes is None else _language_of(codes))
+        return Received(language=language, prompt=prompt)
 
     # -- daemon → client ---------------------------------------------------------------------
 
@@ -278,6 +289,13 @@ def _language_of(codes: object) -> str:
     if len(codes) > 1:
         return check_language("auto")
     return check_language(codes[0].replace("-", "_").split("_")[0])
+
+
+def _prompt_of(keyterms: object) -> str:
+    """`keyterms_prompt` as the stream's prompt ([] clears it)."""
+    if not (isinstance(keyterms, list) and all(isinstance(t, str) for t in keyterms)):
+        raise BadMessageError("Invalid Message: keyterms_prompt must be a list of strings")
+    return prompt_of_terms(keyterms, "keyterms_prompt")
 
 
 def _json(text: str) -> Any:

@@ -8,7 +8,9 @@ Query string: `encoding=linear16` with `sample_rate` (resampled by the daemon) a
 without them words are lower case without punctuation, as Deepgram's are), `endpointing=false`
 (no `speech_final`), `vad_events` (`SpeechStarted`), `utterance_end_ms` (an `UtteranceEnd` after
 each final with words, except one forced by `Finalize`), `language` (its primary subtag; `multi`
-asks for detection). `model` and the rest are accepted and ignored: the daemon's model decodes.
+asks for detection), `keyterm` (repeated: the terms, comma-separated, become the stream's prompt,
+which Whisper reads before every decode's previous text). `model` and the rest are accepted and
+ignored: the daemon's model decodes.
 Client messages: binary audio (any chunking), `KeepAlive`, `Finalize`, `CloseStream` (also an
 empty binary message, Deepgram's legacy close). On the stream's end, `Metadata`, then close 1000.
 
@@ -23,9 +25,12 @@ Word `start`/`end` divide the segment evenly (it includes pre-roll and trailing 
 end. Endpointing is the daemon's (`[vad] endpoint_silence_ms`) whatever `endpointing` or
 `utterance_end_ms` say. The idle timeout counts audio only: a stream that sends only `KeepAlive`
 for `[server] idle_timeout_s` is closed (1011, `NET-0001`) where Deepgram would keep it.
+`Configure` with `keyterms` replaces the key terms from the next decode on (`[]` clears them) and
+is answered `ConfigureSuccess`; one with `features` is refused whole with `ConfigureFailure`
+(`CONFIGURE_INTERNAL_ERROR`: formatting is fixed at connect), and the stream goes on.
 Unsupported: other encodings and containers (no decoder: `DATA-0000`), `multichannel=true` (one
-transcript per connection), `Configure` (answered with Deepgram's `InvalidConfigureMessage`
-error; the stream goes on), diarization, redaction, keywords. A query refused is refused after
+transcript per connection), diarization, redaction, `keywords` (Nova-2's boosts, negative ones
+included, have no Whisper equivalent; ignored). A query refused is refused after
 the upgrade (`Error`, then close 1008), not with Deepgram's HTTP 400: the seam reads the query
 only once the websocket is open.
 """
@@ -37,7 +42,7 @@ import json
 import uuid
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -61,12 +66,14 @@ from captiond.protocol import (
     Error,
     Final,
     Partial,
+    Query,
     Ready,
     ServerMessage,
     SpeechStarted,
     SpeechStopped,
     StreamParams,
     parse_stream_params,
+    prompt_of_terms,
 )
 from captiond.text import join_units, plain_unit, units
 
@@ -142,7 +149,7 @@ class _Flush:
 class DeepgramDialect:
     max_text_bytes = MAX_TEXT_BYTES
 
-    def __init__(self, query: Mapping[str, str]) -> None:
+    def __init__(self, query: Query) -> None:
         self._query = query
         self._options = ListenOptions.of(query)
         self._created = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -178,7 +185,8 @@ class DeepgramDialect:
             default_language,
         )
         self._rate_hz = params.sample_rate_hz
-        return params
+        terms = query.every("keyterm")
+        return replace(params, prompt=prompt_of_terms(terms, "keyterm") if terms else None)
 
     # -- client → daemon ---------------------------------------------------------------------
 
@@ -196,17 +204,32 @@ class DeepgramDialect:
         if isinstance(kind, str) and kind in _CONTROLS:
             return self._control(_CONTROLS[kind])
         if kind == "Configure":
-            error = {
-                "type": "Error",
-                "variant": "InvalidConfigureMessage",
-                "description": "captiond cannot change keyterms or formatting during a stream",
-                "code": "KeytermsNotSupported" if "keyterms" in data else "FeaturesNotSupported",
-            }
-            return Received(replies=(_json(error),))
+            return self._configure(data)
         known = ", ".join(f"`{name}`" for name in [*_CONTROLS, "Configure"])
         return self._schema_error(
             frame, f"Could not deserialize last text message: unknown type, expected {known}"
         )
+
+    def _configure(self, data: dict[str, Any]) -> Received:
+        """A Configure's key terms as the stream's prompt from now on, or its refusal."""
+        keyterms, features = data.get("keyterms"), data.get("features")
+        reply: dict[str, Any] = {"type": "ConfigureSuccess", "request_id": self._request_id}
+        if keyterms is None and not features:
+            return Received(replies=(_json(reply),))
+        reply["type"], reply["code"] = "ConfigureFailure", "CONFIGURE_INTERNAL_ERROR"
+        if features:
+            reply["description"] = "captiond cannot change formatting during a stream"
+            return Received(replies=(_json(reply),))
+        if not (isinstance(keyterms, list) and all(isinstance(t, str) for t in keyterms)):
+            reply["description"] = "keyterms must be a list of strings"
+            return Received(replies=(_json(reply),))
+        try:
+            prompt = prompt_of_terms(keyterms, "keyterms")
+        except SessionError as exc:
+            reply |= {"code": "CONFIGURE_KEYTERM_LIMIT_EXCEEDED", "description": str(exc)}
+            return Received(replies=(_json(reply),))
+        success = {"type": "ConfigureSuccess", "request_id": self._request_id, "keyterms": keyterms}
+        return Received(prompt=prompt, replies=(_json(success),))
 
     def _control(self, control: Control) -> Received:
         if control is not Control.KEEPALIVE:

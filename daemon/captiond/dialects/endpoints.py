@@ -7,7 +7,7 @@ query string becomes its dialect, which Authorization schemes its clients send
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from captiond.dialects import Dialect
@@ -15,11 +15,12 @@ from captiond.dialects.assemblyai import AssemblyAIDialect
 from captiond.dialects.deepgram import DeepgramDialect
 from captiond.dialects.native import NativeDialect
 from captiond.dialects.openai_realtime import OpenAIRealtimeDialect
+from captiond.protocol import Query
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Endpoint:
-    dialect: Callable[[Mapping[str, str]], Dialect]  # from the connection's query string
+    dialect: Callable[[Query], Dialect]  # from the connection's query string
     auth_schemes: tuple[str, ...] = ("bearer",)
     resumable: bool = False
     # A query its protocol refuses gets HTTP 400 before the upgrade (Deepgram's behaviour),

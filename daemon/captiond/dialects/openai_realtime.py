@@ -33,9 +33,12 @@ What differs from OpenAI, and why:
   be retracted. It is acknowledged with `cleared` and ends the open utterance, so that the
   audio before the clear never joins what comes after; its item is still completed.
 - `transcription.language` switches the decode language (null or absent: unchanged; the
-  stream starts in the daemon's [stream] language); `model`, `prompt`, `noise_reduction`
-  and `include` (logprobs) are accepted and have no effect (`session.updated` shows the
-  daemon's model). G.711 (`audio/pcmu`, `audio/pcma`) and other rates are refused with an
+  stream starts in the daemon's [stream] language). `transcription.prompt` becomes the
+  stream's prompt (names and terms before every decode's previous text, as whisper-1 reads
+  its prompt; "" or null: none; absent: unchanged; until one is set, the daemon's
+  `[stream] prompt`, which `session.created` does not show). `model`, `noise_reduction` and
+  `include` (logprobs) are accepted and have no effect (`session.updated` shows the daemon's
+  model). G.711 (`audio/pcmu`, `audio/pcma`) and other rates are refused with an
   `error` event: the stream's format is fixed at connect.
 - Client mistakes are answered with OpenAI's `error` event and the session stays open, as
   OpenAI's does (a frame over the limit below ends it). A daemon error is an `error` event with
@@ -68,6 +71,7 @@ from captiond.protocol import (
     SpeechStopped,
     StreamParams,
     check_language,
+    check_prompt,
 )
 
 SAMPLE_RATE_HZ = 24_000  # the only rate OpenAI's pcm format has
@@ -94,6 +98,7 @@ class OpenAIRealtimeDialect:
         self._session = ""  # from Ready
         self._model = ""
         self._language = ""
+        self._prompt = ""
         self._server_vad = True
         self._event_ids = count()
         self._odd_byte = b""  # half a sample: appends need not split audio on samples
@@ -163,11 +168,14 @@ class OpenAIRealtimeDialect:
         server_vad = self._server_vad
         if "turn_detection" in audio_input:
             server_vad = _is_server_vad(audio_input["turn_detection"])
-        language = _language(_field(audio_input.get("transcription"), f"{param}.transcription"))
+        transcription = _field(audio_input.get("transcription"), f"{param}.transcription")
+        language = _language(transcription)
+        prompt = _prompt(transcription)
         self._server_vad = server_vad
         self._language = language or self._language
+        self._prompt = self._prompt if prompt is None else prompt
         updated = self._event("session.updated", session=self._session_object())
-        return Received(language=language, replies=(updated,))
+        return Received(language=language, prompt=prompt, replies=(updated,))
 
     # -- session messages --------------------------------------------------------------------
 
@@ -234,7 +242,7 @@ class OpenAIRealtimeDialect:
         return f"item_{self._session}_{start_ms}"
 
     def _session_object(self) -> dict[str, Any]:
-        transcription = {"model": self._model, "language": self._language, "prompt": ""}
+        transcription = {"model": self._model, "language": self._language, "prompt": self._prompt}
         return {
             "type": "transcription",
             "id": f"sess_{self._session}",
@@ -309,6 +317,20 @@ def _is_server_vad(turn_detection: object) -> bool:
             "invalid_value", "turn_detection must be server_vad, semantic_vad or null", param
         )
     return True
+
+
+def _prompt(transcription: dict[str, Any]) -> str | None:
+    """The stream's prompt from now on (absent: unchanged; null: none)."""
+    if "prompt" not in transcription:
+        return None
+    prompt = transcription["prompt"]
+    param = "session.audio.input.transcription.prompt"
+    if not isinstance(prompt, str | None):
+        raise _Refused("invalid_type", "Invalid type for 'prompt': expected a string.", param)
+    try:
+        return check_prompt(prompt or "", "'prompt'")
+    except SessionError as exc:
+        raise _Refused("string_above_max_length", str(exc), param) from None
 
 
 def _language(transcription: dict[str, Any]) -> str | None:

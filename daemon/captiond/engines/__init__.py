@@ -27,8 +27,11 @@ ENGINE_NAMES = ("auto", "faster-whisper", "torch_graph", "fake")
 
 # Whisper's text budget before the first generated token: faster-whisper keeps at most
 # max_length // 2 - 1 = 223 tokens of previous text, so that half the 448-token context is left
-# for the decode. Previous text and prefix share it here (see `fit_prompt`).
+# for the decode. The stream's prompt, previous text and prefix share it here (see `fit_prompt`).
 PROMPT_BUDGET_TOKENS = 223
+# A stream's own prompt (names, terms) takes at most half of that budget, so that previous text
+# still conditions the decode; faster-whisper cuts its `hotwords` the same way, keeping the start.
+STREAM_PROMPT_MAX_TOKENS = PROMPT_BUDGET_TOKENS // 2
 
 
 class DecodeKind(enum.Enum):
@@ -45,6 +48,8 @@ class EngineRequest:
     `prompt` is earlier text the model is conditioned on (Whisper's previous text); `prefix` is
     text the decode is forced to start with (Whisper's prefix): the committed transcript of the
     window's first part. The result holds only what the model generated after the prefix.
+    `stream_prompt` is the stream's own prompt (names, terms, style: the client's or
+    `[stream] prompt`), put before the previous text in every decode (see `fit_prompt`).
     `speech_from_sample`, when set, asks the speech gate (speech_gate.py) to confirm speech in
     the audio from that sample on before the model runs; the gate answers before the engine
     sees the request, and engines ignore it.
@@ -69,6 +74,7 @@ class EngineRequest:
     task: str = "transcribe"
     prompt: str = ""
     prefix: str = ""
+    stream_prompt: str = ""
     beam_size: int = 1
     speech_from_sample: int | None = None
     stream: str | None = None
@@ -192,17 +198,25 @@ def text_tokens(encode: Callable[[str], Sequence[int]]) -> Callable[[str], tuple
     return tokens
 
 
-def fit_prompt(previous: Sequence[int], prefix: Sequence[int]) -> tuple[list[int], list[int]]:
-    """Previous-text and prefix tokens cut to Whisper's prompt budget, the same in every engine.
+def fit_prompt(
+    stream_prompt: Sequence[int], previous: Sequence[int], prefix: Sequence[int]
+) -> tuple[list[int], list[int]]:
+    """The tokens of Whisper's previous-text section (the stream's prompt, then previous text)
+    and of the prefix, cut to Whisper's prompt budget, the same in every engine.
 
-    The prefix is what the window's audio begins with, so it keeps its end (the part next to the
-    new audio) and previous text gets what the prefix leaves, keeping its end too. Sessions keep
-    prefixes well under the budget, so in practice only previous text is ever cut.
+    The prefix is what the window's audio begins with, so it comes first and keeps its end (the
+    part next to the new audio): cutting it would leave audio without its text, which the model
+    would then transcribe again. The stream's prompt gets what the prefix leaves, at most
+    `STREAM_PROMPT_MAX_TOKENS`, keeping its start (terms are listed most important first);
+    previous text gets the rest, keeping its end. Sessions keep prefixes well under the budget,
+    so in practice only previous text is ever cut.
     """
     kept_prefix = list(prefix[max(0, len(prefix) - PROMPT_BUDGET_TOKENS) :])
     room = PROMPT_BUDGET_TOKENS - len(kept_prefix)
+    kept_stream = list(stream_prompt[: min(room, STREAM_PROMPT_MAX_TOKENS)])
+    room -= len(kept_stream)
     kept_previous = list(previous[max(0, len(previous) - room) :]) if room > 0 else []
-    return kept_previous, kept_prefix
+    return kept_stream + kept_previous, kept_prefix
 
 
 # A session's language gives way to a detected other language only this sure: a few words of

@@ -159,7 +159,9 @@ class FasterWhisperEngine:
         """get_prompt(without_timestamps=True, prefix=…) with `fit_prompt`'s budget, and the
         number of prefix tokens (CTranslate2 returns them at the start of the sequence)."""
         previous, prefix = fit_prompt(
-            self._text_tokens(request.prompt), self._text_tokens(request.prefix)
+            self._text_tokens(request.stream_prompt),
+            self._text_tokens(request.prompt),
+            self._text_tokens(request.prefix),
         )
         prompt: list[int] = self._model.get_prompt(tokenizer, previous, without_timestamps=True)
         return prompt + prefix, len(prefix)

@@ -243,7 +243,9 @@ class TorchGraphEngine:
                 languages = self._encode_and_detect(requests, frames)
             with phase("prefill"):
                 plans = [
-                    self.tokens.prompt(r.prompt, language, r.prefix, r.task)
+                    self.tokens.prompt(
+                        r.prompt, language, r.prefix, r.task, stream_prompt=r.stream_prompt
+                    )
                     for r, (language, _) in zip(requests, languages, strict=True)
                 ]
                 no_speech = self.decoder.prefill(plans, bucket)

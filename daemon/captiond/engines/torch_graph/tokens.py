@@ -160,8 +160,10 @@ class WhisperTokens:
         language: str | None,
         prefix: str = "",
         task: str = "transcribe",
+        stream_prompt: str = "",
     ) -> PromptPlan:
-        """The faster-whisper engine's prompt: get_prompt(without_timestamps=True) + prefix.
+        """The faster-whisper engine's prompt: get_prompt(without_timestamps=True) + prefix,
+        the stream's prompt before the previous text (`fit_prompt`).
 
         Multilingual models get <|language|> (English when None) and the task token; English-only
         models get neither (they only transcribe English).
@@ -169,7 +171,9 @@ class WhisperTokens:
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
         previous, prefix_tokens = fit_prompt(
-            self.text_tokens(previous_text), self.text_tokens(prefix)
+            self.text_tokens(stream_prompt),
+            self.text_tokens(previous_text),
+            self.text_tokens(prefix),
         )
         tokens: list[int] = []
         if previous:

@@ -1,0 +1,105 @@
+"""A stream's prompt (names and terms the audio may contain): `?prompt=`, `[stream] prompt`, and
+its way into every decode (protocol.py, session.py, engines.fit_prompt), with the real model on
+real speech. The vendor dialects' prompt fields are tested with their SDKs in test_dialect_*.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from urllib.parse import quote
+
+import numpy as np
+import pytest
+from conftest import read_wav_int16
+from daemon_harness import (
+    PromptRecorder,
+    make_config,
+    running_daemon,
+    stream_pcm,
+    tone_bursts,
+    url,
+)
+
+from captiond.config import override
+from captiond.engines import Engine
+from captiond.errors import BadMessageError
+from captiond.offline import transcribe_samples
+from captiond.protocol import (
+    MAX_PROMPT_CHARS,
+    Query,
+    check_prompt,
+    parse_stream_params,
+    prompt_of_terms,
+)
+
+# "Author of the danger trail, Philip Steels, etc.": tiny.en hears "fill up steels" alone.
+CLIP = "utt/cmu_arctic_aew_a0001.wav"
+NAME = "Philip Steels"
+
+
+def test_the_query_prompt_is_the_stream_prompt_and_absent_means_the_daemon_default() -> None:
+    assert parse_stream_params(Query("prompt=+Dr.+Okafor%2C+Grafana+"), "en").prompt == (
+        "Dr. Okafor, Grafana"
+    )
+    # Blank parameters count as absent, as they always have (`?language=`).
+    assert parse_stream_params(Query("prompt="), "en").prompt is None
+    assert parse_stream_params(Query(""), "en").prompt is None
+
+
+def test_a_prompt_over_the_limit_is_refused_not_cut() -> None:
+    assert check_prompt("x" * MAX_PROMPT_CHARS) == "x" * MAX_PROMPT_CHARS
+    with pytest.raises(BadMessageError, match="keyterm is 1001 characters"):
+        check_prompt("x" * (MAX_PROMPT_CHARS + 1), "keyterm")
+
+
+def test_repeated_query_parameters_keep_every_value_and_terms_join_with_commas() -> None:
+    query = Query("keyterm=Grafana&keyterm=customer+service&keyterm=+&sample_rate=16000")
+    assert query["keyterm"] == " " and query["sample_rate"] == "16000"
+    assert query.every("keyterm") == ["Grafana", "customer service", " "]
+    assert prompt_of_terms(query.every("keyterm")) == "Grafana, customer service"
+
+
+def test_every_decode_carries_the_client_prompt_or_else_the_daemons() -> None:
+    config = make_config(server={"max_audio_speed": 1e6}, stream={"prompt": "Kubernetes"})
+    engine = PromptRecorder()
+
+    async def scenario() -> None:
+        async with running_daemon(config, engine=engine) as daemon:
+            given = await stream_pcm(url(daemon, query=f"prompt={quote(NAME)}"), tone_bursts([1.0]))
+            assert given.of("final")
+            assert set(engine.prompts) == {NAME}
+            engine.prompts.clear()
+            default = await stream_pcm(url(daemon), tone_bursts([1.0]))
+            assert default.of("final")
+            assert set(engine.prompts) == {"Kubernetes"}
+
+    asyncio.run(scenario())
+
+
+# -- the real model ----------------------------------------------------------------------------
+
+
+@pytest.mark.model
+def test_a_name_in_the_prompt_is_heard_live_and_in_a_file(
+    speech_dir: Path, tiny_en: Engine
+) -> None:
+    """The bundled model mishears a name alone and writes it given the name in the prompt,
+    over /v1/stream (`?prompt=`) as in `captiond transcribe` (`[stream] prompt`)."""
+    pcm = np.concatenate([read_wav_int16(speech_dir / CLIP), np.zeros(16_000, "<i2")])
+    config = make_config(server={"max_audio_speed": 1e6})
+
+    async def scenario() -> tuple[str, str]:
+        async with running_daemon(config, engine=tiny_en, vad_factory=None) as daemon:
+            plain = await stream_pcm(url(daemon), pcm)
+            prompted = await stream_pcm(url(daemon, query=f"prompt={quote(NAME)}"), pcm)
+        texts = [" ".join(m["text"] for m in ex.of("final")) for ex in (plain, prompted)]
+        return texts[0], texts[1]
+
+    plain, prompted = asyncio.run(scenario())
+    assert "danger trail" in plain.lower() and NAME not in plain
+    assert NAME in prompted and "danger trail" in prompted.lower()
+    offline = transcribe_samples(
+        pcm.astype(np.float32) / 32768, tiny_en, override(config, "stream", prompt=NAME)
+    )
+    assert NAME in offline.text
