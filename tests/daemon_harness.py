@@ -39,17 +39,20 @@ class LoudnessVad:
         return levels_dbfs(np.frombuffer(buf, dtype="<i2"))[0] > -40.0
 
 
-class PromptRecorder(FakeEngine):
-    """The fake engine, noting the stream prompt and task of every request it decodes."""
+class RecordingEngine(FakeEngine):
+    """The fake engine, noting the language, task and stream prompt of every request it
+    decodes."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.prompts: list[str] = []
+        self.languages: list[str | None] = []
         self.tasks: list[str] = []
+        self.prompts: list[str] = []
 
     def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
-        self.prompts += [r.stream_prompt for r in requests]
+        self.languages += [r.language for r in requests]
         self.tasks += [r.task for r in requests]
+        self.prompts += [r.stream_prompt for r in requests]
         return super().transcribe_batch(requests)
 
 

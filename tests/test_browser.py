@@ -33,7 +33,7 @@ from browser_harness import (
     write_capture,
 )
 from conftest import REPO_ROOT, read_wav_int16
-from daemon_harness import PromptRecorder, make_config, running_daemon
+from daemon_harness import RecordingEngine, make_config, running_daemon
 
 from captiond.bench.wer import word_errors
 from captiond.engines import load_engine
@@ -158,7 +158,7 @@ def test_refused_session_shows_the_error_code(browser: str) -> None:
 
 
 def test_token_task_and_prompt_in_the_page_url_reach_the_daemon(tmp_path: Path) -> None:
-    engine = PromptRecorder()
+    engine = RecordingEngine()
     mic = write_capture(np.concatenate([silence(0.5), tone(1.5), silence(2.0)]), tmp_path / "m.wav")
 
     async def scenario() -> None:

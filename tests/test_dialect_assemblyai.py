@@ -33,7 +33,7 @@ from assemblyai.streaming.v3 import (
 )
 from conftest import read_wav_int16
 from daemon_harness import (
-    PromptRecorder,
+    RecordingEngine,
     make_config,
     running_daemon,
     stream_pcm,
@@ -204,7 +204,7 @@ def test_force_endpoint_keepalive_update_configuration_and_terminate() -> None:
 
 
 def test_keyterms_prompt_every_decode_and_an_update_replaces_them() -> None:
-    engine = PromptRecorder()
+    engine = RecordingEngine()
     burst = tone_bursts([1.0])
 
     def scenario(port: int) -> Recorder:

@@ -24,7 +24,7 @@ import pytest
 from conftest import read_wav_int16
 from daemon_harness import (
     RATE,
-    PromptRecorder,
+    RecordingEngine,
     make_config,
     running_daemon,
     stream_pcm,
@@ -384,7 +384,7 @@ def test_a_malformed_message_gets_a_schema_error_and_the_stream_goes_on() -> Non
 def test_keyterms_prompt_every_decode_and_configure_replaces_them() -> None:
     """`keyterm` (repeated) is the stream's prompt; a Configure with `keyterms` replaces it from
     then on, one that changes formatting is refused whole; the stream goes on."""
-    engine = PromptRecorder()
+    engine = RecordingEngine()
     burst = tone_bursts([1.0]).tobytes()
 
     def script(socket: V1SocketClient, inbox: Inbox) -> None:

@@ -19,7 +19,7 @@ import soxr
 from conftest import read_wav_int16
 from daemon_harness import (
     Exchange,
-    PromptRecorder,
+    RecordingEngine,
     collect,
     make_config,
     running_daemon,
@@ -39,8 +39,7 @@ from websockets.exceptions import InvalidStatus
 from captiond import protocol
 from captiond.config import Config
 from captiond.dialects.openai_realtime import OpenAIRealtimeDialect
-from captiond.engines import Engine, EngineRequest, EngineResult
-from captiond.engines.fake import FakeEngine
+from captiond.engines import Engine
 
 RATE_HZ: Final = 24_000
 COMPLETED = "conversation.item.input_audio_transcription.completed"
@@ -317,16 +316,6 @@ def test_clear_is_acknowledged_and_ends_the_utterance() -> None:
     assert events[-1].transcript, "the words before the clear were already transcribed"
 
 
-class RecordingEngine(FakeEngine):
-    def __init__(self) -> None:
-        super().__init__()
-        self.languages: list[str | None] = []
-
-    def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
-        self.languages += [r.language for r in requests]
-        return super().transcribe_batch(requests)
-
-
 def test_session_update_switches_the_language() -> None:
     engine = RecordingEngine()
 
@@ -350,7 +339,7 @@ def test_session_update_switches_the_language() -> None:
 
 
 def test_session_update_sets_the_prompt_and_a_refused_one_changes_nothing() -> None:
-    engine = PromptRecorder()
+    engine = RecordingEngine()
     terms = "Kubernetes, Grafana"
 
     def scenario(port: int) -> list[Any]:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import read_wav_int16
 from daemon_harness import (
-    PromptRecorder,
+    RecordingEngine,
     make_config,
     running_daemon,
     stream_pcm,
@@ -62,7 +62,7 @@ def test_repeated_query_parameters_keep_every_value_and_terms_join_with_commas()
 
 def test_every_decode_carries_the_client_prompt_or_else_the_daemons() -> None:
     config = make_config(server={"max_audio_speed": 1e6}, stream={"prompt": "Kubernetes"})
-    engine = PromptRecorder()
+    engine = RecordingEngine()
 
     async def scenario() -> None:
         async with running_daemon(config, engine=engine) as daemon:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from daemon_harness import (
     RATE,
-    PromptRecorder,
+    RecordingEngine,
     collect,
     make_config,
     running_daemon,
@@ -191,7 +191,7 @@ def test_resume_across_a_daemon_restart(tmp_path: Path, journal: bool) -> None:
     daemon: finals from `since` replayed, segments and stream times continue, and the journal
     holds the whole session as one; the session keeps its task and prompt. Without it the
     resume is refused and the client starts over."""
-    engine = PromptRecorder()
+    engine = RecordingEngine()
 
     async def scenario() -> None:
         config = _journaled(tmp_path) if journal else make_config()

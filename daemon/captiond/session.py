@@ -151,8 +151,10 @@ class StreamSession:
         self._stream = config.stream
         self._partials = partials
         self._early_finals = early_finals
-        self._params = params
-        self._prompt = config.stream.prompt if params.prompt is None else params.prompt
+        # The stream's prompt resolved: the client's, else the daemon's.
+        self._params = dataclasses.replace(
+            params, prompt=config.stream.prompt if params.prompt is None else params.prompt
+        )
         self._resampler = (
             Resampler(params.sample_rate_hz) if params.sample_rate_hz != 16_000 else None
         )
@@ -219,7 +221,7 @@ class StreamSession:
     def set_prompt(self, prompt: str) -> None:
         """Prompt the decodes from the next one on with `prompt` (names, terms; "" for none),
         a session update of a vendor API."""
-        self._prompt = prompt
+        self._params = dataclasses.replace(self._params, prompt=prompt)
 
     def receive_control(self, control: Control) -> None:
         if control is Control.KEEPALIVE:
@@ -487,7 +489,7 @@ class StreamSession:
                 task=self._params.task,
                 prompt=context.prompt,
                 prefix=join_texts((context.prefix, join_units(forced))),
-                stream_prompt=self._prompt,
+                stream_prompt=self._params.prompt or "",
                 beam_size=beam,
                 speech_from_sample=gate_from,
                 end_sample=end,
