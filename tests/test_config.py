@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from captiond.chinese import VARIANTS
 from captiond.config import (
     EVENT_LOOPS,
     AuthConfig,
@@ -244,6 +245,10 @@ def _section_strategy(cls: type[Any]) -> st.SearchStrategy[Any]:
             fields[f.name] = _origins
         elif f.name == "event_loop":
             fields[f.name] = st.sampled_from(EVENT_LOOPS)
+        elif f.name == "language":
+            fields[f.name] = st.sampled_from(["en", "de", "yue", "auto"])
+        elif f.name == "chinese_variant":
+            fields[f.name] = st.sampled_from(["", *VARIANTS])
         elif f.name in _NON_NEGATIVE:
             fields[f.name] = st.integers(min_value=0, max_value=2**62)
         elif f.name in _POSITIVE and isinstance(default, int):

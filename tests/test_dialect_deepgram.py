@@ -503,3 +503,15 @@ def test_a_bad_channel_count_is_refused_not_raised_on_connect(channels: str) -> 
     dialect = DeepgramDialect(Query(urlencode({**LINEAR16, "channels": channels})))
     with pytest.raises(BadAudioError, match=r"channels must be 1\.\.8"):
         dialect.stream_params("en")
+
+
+@pytest.mark.parametrize(
+    ("language", "decoded", "variant"),
+    [("zh-TW", "zh", "zh-TW"), ("zh-CN", "zh", "zh-Hans"), ("en-GB", "en", None)],
+)
+def test_deepgrams_language_tags_name_the_script_of_chinese(
+    language: str, decoded: str, variant: str | None
+) -> None:
+    dialect = DeepgramDialect(Query(urlencode({**LINEAR16, "language": language})))
+    params = dialect.stream_params("en")
+    assert (params.language, params.chinese_variant) == (decoded, variant)

@@ -1,6 +1,7 @@
 """Multilingual captions through the daemon with the real Whisper base (multilingual) model:
 the language is detected per utterance and never flaps, the text is as good as faster-whisper's
-on the whole clip with the language given, and `task=translate` gives English.
+on the whole clip with the language given, Chinese is written in the script asked for, and
+`task=translate` gives English.
 
 One clip of 3 s or more per language (of eight, four scripts), streamed with ?language=auto.
 The per-language figures over the whole corpus come from `captiond bench languages`."""
@@ -18,6 +19,7 @@ from daemon_harness import make_config, running_daemon, stream_pcm, url
 
 from captiond.bench.languages import detected_language, flaps
 from captiond.bench.wer import WerCounts, language_errors
+from captiond.chinese import written
 from captiond.engines import Engine, load_engine
 from captiond.engines.faster_whisper import transcribe_whole_file
 from captiond.models import resolve_model
@@ -78,7 +80,10 @@ def test_languages_are_detected_and_captioned_as_well_as_the_whole_file(
             device="cpu",
             compute_type="int8",
             language=language,
+            chinese_variant="zh-Hans",  # the daemon's default script of Chinese
         )
+        # Chinese is written in one script, simplified by default, whatever Whisper wrote.
+        assert written(text, language, "zh-Hans") == text, clip["id"]
         streamed = language_errors(clip["text"], text, language)
         reference = language_errors(clip["text"], whole, language)
         print(f"{clip['id']}: streamed {streamed.wer:.3f} whole-file {reference.wer:.3f} {text!r}")
@@ -86,6 +91,18 @@ def test_languages_are_detected_and_captioned_as_well_as_the_whole_file(
         whole_total += reference
     print(f"pooled: streamed {streamed_total.wer:.4f} whole-file {whole_total.wer:.4f}")
     assert streamed_total.wer <= whole_total.wer + MAX_GAP
+
+
+def test_a_stream_asking_for_taiwanese_chinese_gets_traditional_characters(
+    engine: Engine, speech_multi_dir: Path, speech_multi_manifest: list[dict[str, Any]]
+) -> None:
+    (clip,) = [c for c in clip_per_language(speech_multi_manifest) if c["language"] == "zh"]
+    messages = stream(engine, read_wav_int16(speech_multi_dir / clip["file"]), "language=zh-TW")
+    finals = [m for m in messages if m["type"] == "final" and m["text"]]
+    text = "".join(m["text"] for m in finals)
+    assert text and written(text, "zh", "zh-TW") == text
+    assert written(text, "zh", "zh-Hans") != text, "no character differs between the scripts"
+    assert {m["language"] for m in finals} == {"zh"}
 
 
 @pytest.mark.parametrize(("clip_id", "english"), [("de_fleurs_001", "dinosaur")])

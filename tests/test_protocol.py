@@ -72,7 +72,7 @@ def test_stream_params_rate_bounds_accepted(rate: str) -> None:
     assert parse_stream_params({"sample_rate": rate}, "en").sample_rate_hz == int(rate)
 
 
-@pytest.mark.parametrize("language", ["e", "english", "e1", "", "en-US", "../"])
+@pytest.mark.parametrize("language", ["e", "english", "e1", "", "en_US", "en-", "zh-台湾", "../"])
 def test_stream_params_bad_language(language: str) -> None:
     with pytest.raises(BadMessageError, match="language"):
         parse_stream_params({"language": language}, "en")

@@ -189,7 +189,7 @@ def _journaled(tmp_path: Path, **server: Any) -> Config:
 def test_resume_across_a_daemon_restart(tmp_path: Path, journal: bool) -> None:
     """With the journal on, a session the daemon stopped is taken back by the restarted
     daemon: finals from `since` replayed, segments and stream times continue, and the journal
-    holds the whole session as one; the session keeps its task and prompt. Without it the
+    holds the whole session as one; the session keeps its language, task and prompt. Without it the
     resume is refused and the client starts over."""
     engine = RecordingEngine()
 
@@ -197,7 +197,8 @@ def test_resume_across_a_daemon_restart(tmp_path: Path, journal: bool) -> None:
         config = _journaled(tmp_path) if journal else make_config()
         async with running_daemon(config) as daemon:
             port = daemon.port
-            conn = await connect(url(daemon, query="task=translate&prompt=Grafana"))
+            query = "language=zh-TW&task=translate&prompt=Grafana"
+            conn = await connect(url(daemon, query=query))
             ready = json.loads(await conn.recv())
             sent = FOUR_BURSTS[: len(FOUR_BURSTS) - RATE // 2]
             await conn.send(sent.tobytes())
@@ -237,5 +238,8 @@ def test_resume_across_a_daemon_restart(tmp_path: Path, journal: bool) -> None:
         assert [f.segment for f in journaled.finals] == [0, 1, 2, 3, 4]
         assert journaled.ended and journaled.close_code == 1000
         assert set(engine.prompts) == {"Grafana"} and set(engine.tasks) == {"translate"}
+        assert set(engine.languages) == {"zh"}
+        # The part after the restart was opened from the journal's header, and wrote its own.
+        assert journaled.header["chinese_variant"] == "zh-TW"
 
     run(scenario())

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from captiond.chinese import variant_of
 from captiond.config import Config, config_from_mapping, dump_toml, load_config, override
 from captiond.engines import ENGINE_NAMES, Engine, load_engine
 from captiond.errors import CaptiondError, ConfigError
@@ -45,8 +46,8 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compute-type", help="int8, float16, float32, … (default auto)")
     parser.add_argument(
         "--language",
-        help="spoken language (en, de, …) or auto: detected per utterance (multilingual"
-        " models); default [stream] language, en",
+        help="spoken language (en, de, zh-TW, …) or auto: detected per utterance"
+        " (multilingual models); default [stream] language, en",
     )
     parser.add_argument(
         "--prompt",
@@ -57,8 +58,14 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _config_from(args: argparse.Namespace) -> Config:
+    language = args.language
     config = override(
-        load_config(args.config), "stream", language=args.language, prompt=args.prompt
+        load_config(args.config),
+        "stream",
+        # A tag naming a Chinese variant (zh-TW) sets both, as `?language=zh-TW` does.
+        language=language and language.split("-")[0].lower(),
+        chinese_variant=language and variant_of(language),
+        prompt=args.prompt,
     )
     return override(
         config,

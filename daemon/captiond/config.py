@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any, get_origin, get_type_hints
 from urllib.parse import urlsplit
 
-from captiond.errors import ConfigError
-from captiond.protocol import MAX_PROMPT_CHARS
+from captiond.chinese import VARIANTS
+from captiond.errors import BadMessageError, ConfigError
+from captiond.protocol import MAX_PROMPT_CHARS, check_language
 
 WHISPER_WINDOW_S = 30.0
 
@@ -124,6 +125,10 @@ class StreamConfig:
     partial_beam_size: int = 1
     # "auto": detected per utterance (Whisper's language probabilities, multilingual models).
     language: str = "en"
+    # The script of Chinese captions (chinese.py): zh-Hans (simplified), zh-Hant, zh-TW, zh-HK
+    # (traditional), or "" for whatever script Whisper writes, which can change from one
+    # utterance to the next. A stream's `?language=zh-TW` (a tag naming a variant) wins.
+    chinese_variant: str = "zh-Hans"
     # With language "auto", an utterance's language is decided once, by its first decode,
     # which waits for this much audio while the session has no language yet (a second of
     # speech is too little to tell: base then confuses Italian with Spanish and English); once
@@ -379,6 +384,17 @@ def _check_stream(stream: StreamConfig) -> None:
     for key in ("final_beam_size", "context_beam_size", "partial_beam_size"):
         if getattr(stream, key) < 1:
             raise ConfigError(f"[stream] {key} must be 1 or more")
+    try:
+        language = check_language(stream.language)
+    except BadMessageError as exc:
+        raise ConfigError(f"[stream] {exc}") from None
+    if language != stream.language.lower():
+        raise ConfigError(
+            f"[stream] language {stream.language!r}: write the language alone ({language!r})"
+            " and the script of Chinese as chinese_variant"
+        )
+    if stream.chinese_variant and stream.chinese_variant not in VARIANTS:
+        raise ConfigError(f'[stream] chinese_variant must be one of {", ".join(VARIANTS)} or ""')
     if len(stream.prompt) > MAX_PROMPT_CHARS:
         raise ConfigError(f"[stream] prompt must be at most {MAX_PROMPT_CHARS} characters")
 

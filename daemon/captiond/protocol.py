@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from urllib.parse import parse_qsl
 
 from captiond import PROTOCOL
+from captiond.chinese import variant_of
 from captiond.errors import BadAudioError, BadMessageError
 
 ENCODINGS = {"pcm_s16le": 2, "f32le": 4}
@@ -34,6 +35,9 @@ class StreamParams:
     sample_rate_hz: int = 16_000
     encoding: str = "pcm_s16le"
     language: str = "en"  # or "auto": detected per utterance
+    # The script Chinese is written in, when the language tag named one (`?language=zh-TW`);
+    # None: the daemon's `[stream] chinese_variant`.
+    chinese_variant: str | None = None
     task: str = "transcribe"  # or "translate": English captions of any language
     # Names and terms the audio may contain, put before every decode's previous text; None:
     # the daemon's `[stream] prompt`.
@@ -64,7 +68,8 @@ def parse_stream_params(query: Mapping[str, str], default_language: str) -> Stre
         raise BadAudioError(
             f"unsupported sample_rate {rate_hz}: use {MIN_SAMPLE_RATE_HZ}..{MAX_SAMPLE_RATE_HZ} Hz"
         )
-    language = check_language(query.get("language", default_language))
+    tag = query.get("language", default_language)
+    language = check_language(tag)
     task = query.get("task", "transcribe")
     if task not in TASKS:
         raise BadMessageError(f"task must be one of {', '.join(TASKS)}, got {task[:20]!r}")
@@ -73,20 +78,28 @@ def parse_stream_params(query: Mapping[str, str], default_language: str) -> Stre
         sample_rate_hz=rate_hz,
         encoding=encoding,
         language=language,
+        chinese_variant=variant_of(tag),
         task=task,
         prompt=None if prompt is None else check_prompt(prompt),
     )
 
 
-def check_language(language: str) -> str:
-    """A language code as Whisper names them (2 or 3 letters), or "auto"; lower case."""
-    if language.lower() == AUTO_LANGUAGE:
+def check_language(tag: str) -> str:
+    """The Whisper language code (2 or 3 letters, lower case) of a language tag ("de", "en-US",
+    "zh-TW": BCP 47's primary subtag), or "auto"."""
+    if tag.lower() == AUTO_LANGUAGE:
         return AUTO_LANGUAGE
-    if not (language.isascii() and language.isalpha() and 2 <= len(language) <= 3):
+    primary, *subtags = tag.split("-")
+    if not (
+        primary.isascii()
+        and primary.isalpha()
+        and 2 <= len(primary) <= 3
+        and all(s.isascii() and s.isalnum() and 1 <= len(s) <= 8 for s in subtags)
+    ):
         raise BadMessageError(
-            f"language must be a 2- or 3-letter code or 'auto', got {language[:20]!r}"
+            f"language must be a language code (de, en-US, zh-TW) or 'auto', got {tag[:20]!r}"
         )
-    return language.lower()
+    return primary.lower()
 
 
 def check_prompt(prompt: str, what: str = "prompt") -> str:

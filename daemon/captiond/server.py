@@ -387,6 +387,7 @@ class Daemon:
                     "encoding": params.encoding,
                     "task": params.task,
                     "prompt": params.prompt,
+                    "chinese_variant": params.chinese_variant,
                     "resume_sha256": resume_key.secret_sha256 if resume_key else None,
                 },
                 continues=continues,
@@ -519,6 +520,9 @@ class Daemon:
             # Journals written before these were kept transcribe with the daemon's prompt.
             task=str(header.get("task", "transcribe")),
             prompt=None if header.get("prompt") is None else str(header["prompt"]),
+            chinese_variant=(
+                None if header.get("chinese_variant") is None else str(header["chinese_variant"])
+            ),
         )
         origin = StreamOrigin(
             start_sample=ms_to_samples(int(end["audio_ms"])),

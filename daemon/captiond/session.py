@@ -41,6 +41,7 @@ from captiond.audio import (
     samples_to_ms,
     to_pcm16,
 )
+from captiond.chinese import variant_of, written
 from captiond.config import Config
 from captiond.context import CommittedFinal, TranscriptContext
 from captiond.engines import DecodeKind, EngineRequest, EngineResult
@@ -151,9 +152,15 @@ class StreamSession:
         self._stream = config.stream
         self._partials = partials
         self._early_finals = early_finals
-        # The stream's prompt resolved: the client's, else the daemon's.
+        # The stream's prompt and Chinese variant resolved: the client's, else the daemon's.
         self._params = dataclasses.replace(
-            params, prompt=config.stream.prompt if params.prompt is None else params.prompt
+            params,
+            prompt=config.stream.prompt if params.prompt is None else params.prompt,
+            chinese_variant=(
+                config.stream.chinese_variant
+                if params.chinese_variant is None
+                else params.chinese_variant
+            ),
         )
         self._resampler = (
             Resampler(params.sample_rate_hz) if params.sample_rate_hz != 16_000 else None
@@ -212,9 +219,13 @@ class StreamSession:
         self._push_samples(samples)
 
     def set_language(self, language: str) -> None:
-        """Decode the utterances from the next one on as `language` (or "auto"), a session
-        update of a vendor API."""
-        self._params = dataclasses.replace(self._params, language=check_language(language))
+        """Decode the utterances from the next one on as `language` (a tag such as "de" or
+        "zh-TW", or "auto"), a session update of a vendor API."""
+        self._params = dataclasses.replace(
+            self._params,
+            language=check_language(language),
+            chinese_variant=variant_of(language) or self._stream.chinese_variant,
+        )
         if not self._params.auto_language:
             self._language = self._params.language
 
@@ -274,6 +285,15 @@ class StreamSession:
             if utt.language is None and result.language is not None:
                 self._decide_language(utt, result.language)
         new = "" if self._is_hallucination(request, result) else result.text.strip()
+        # In the reader's script before anything is shown, made stable or kept as context.
+        language = utt.language if utt is not None else None  # None: the text is not used
+        written_new = written(new, language, self._params.chinese_variant or "")
+        unit_probs = result.unit_probs
+        if written_new != new:
+            # A phrase converted to one of another length would shift the units' probabilities.
+            if len(units(written_new)) != len(units(new)):
+                unit_probs = ()
+            new = written_new
         # The forced words stay as they were even if Whisper would have extended the last one
         # (a word split across the commit point): stable words are a promise. Punctuation that
         # Whisper puts right after them ("In September" + ", for the first time") belongs to
@@ -291,7 +311,7 @@ class StreamSession:
         if request.kind is DecodeKind.FINAL:
             self._take_final(utt, request, text)
         elif self._open is not None and self._open.index == request.utterance and text:
-            sure = self._sure_units(request, result.unit_probs[skipped:], new_units[skipped:])
+            sure = self._sure_units(request, unit_probs[skipped:], new_units[skipped:])
             self._show_partial(self._open, request, text, sure)
         self._maybe_done()
 

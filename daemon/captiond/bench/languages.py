@@ -114,6 +114,7 @@ def _whole_file(
                 compute_type=engine.compute_type if on_cpu else "float32",
                 language=spoken,
                 without_timestamps=without_timestamps,
+                chinese_variant=env.config.stream.chinese_variant,
             )
             progress.step(f"{clip.id} {spoken or 'auto'}")
     return given, auto, text_only
@@ -212,6 +213,7 @@ def _bench_languages(args: argparse.Namespace) -> int:
             "temperature": 0.0,
             "language": ["given", "detected"],
             "text_only": "a third run, language given, without timestamp tokens",
+            "chinese_variant": env.config.stream.chinese_variant,
         },
         "per_language": per_language,
         "overall": overall,

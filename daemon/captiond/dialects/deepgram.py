@@ -7,10 +7,10 @@ Query string: `encoding=linear16` with `sample_rate` (resampled by the daemon) a
 `is_final: false`, which may revise), `punctuate`/`smart_format` (Whisper's text as written;
 without them words are lower case without punctuation, as Deepgram's are), `endpointing=false`
 (no `speech_final`), `vad_events` (`SpeechStarted`), `utterance_end_ms` (an `UtteranceEnd` after
-each final with words, except one forced by `Finalize`), `language` (its primary subtag; `multi`
-asks for detection), `keyterm` (repeated: the terms, comma-separated, become the stream's prompt,
-which Whisper reads before every decode's previous text). `model` and the rest are accepted and
-ignored: the daemon's model decodes.
+each final with words, except one forced by `Finalize`), `language` (its primary subtag, and for
+Chinese the script: `zh-TW`, `zh-CN`; `multi` asks for detection), `keyterm` (repeated: the
+terms, comma-separated, become the stream's prompt, which Whisper reads before every decode's
+previous text). `model` and the rest are accepted and ignored: the daemon's model decodes.
 Client messages: binary audio (any chunking), `KeepAlive`, `Finalize`, `CloseStream` (also an
 empty binary message, Deepgram's legacy close). On the stream's end, `Metadata`, then close 1000.
 
@@ -179,7 +179,7 @@ class DeepgramDialect:
         if _flag(query, "multichannel"):
             raise BadMessageError("multichannel=true is not supported: channels are mixed to one")
         language = query.get("language", default_language)
-        language = "auto" if language == "multi" else language.split("-")[0]
+        language = "auto" if language == "multi" else language  # zh-TW: traditional Chinese
         params = parse_stream_params(
             {"encoding": "pcm_s16le", "sample_rate": query["sample_rate"], "language": language},
             default_language,

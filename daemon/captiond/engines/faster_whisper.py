@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from captiond.chinese import written
 from captiond.config import EngineConfig
 from captiond.engines import (
     N_FRAMES,
@@ -261,15 +262,17 @@ def transcribe_whole_file(
     language: str | None,
     beam_size: int = 5,
     without_timestamps: bool = False,
+    chinese_variant: str = "",
 ) -> str:
     """The accuracy reference: faster-whisper's own long-form `transcribe` of a whole recording
     (its 30-s windows, timestamps, previous-text conditioning), beam 5, temperature 0, no VAD:
     what a user gets by running faster-whisper on the recording afterwards.
-    `without_timestamps` decodes text tokens only, as captiond's decodes do."""
+    `without_timestamps` decodes text tokens only, as captiond's decodes do; Chinese is
+    written in `chinese_variant`'s script, as captiond writes it (chinese.py)."""
     from faster_whisper import WhisperModel
 
     model = WhisperModel(str(model_path), device=device, compute_type=compute_type)
-    segments, _ = model.transcribe(
+    segments, info = model.transcribe(
         audio,
         language=language,
         beam_size=beam_size,
@@ -277,4 +280,5 @@ def transcribe_whole_file(
         vad_filter=False,
         without_timestamps=without_timestamps,
     )
-    return " ".join(s.text.strip() for s in segments if s.text.strip())
+    text = " ".join(s.text.strip() for s in segments if s.text.strip())
+    return written(text, info.language, chinese_variant)
