@@ -157,23 +157,35 @@ def test_refused_session_shows_the_error_code(browser: str) -> None:
     assert "refused" in text and "token is required" in text and "HTTP 401" in text
 
 
-def test_token_task_and_prompt_in_the_page_url_reach_the_daemon(tmp_path: Path) -> None:
+def test_token_task_and_the_names_field_reach_the_daemon(tmp_path: Path) -> None:
+    """`/?prompt=` fills the page's names field; what the field holds when Start is pressed is
+    the stream's prompt, and it cannot change while the session runs."""
     engine = RecordingEngine()
     mic = write_capture(np.concatenate([silence(0.5), tone(1.5), silence(2.0)]), tmp_path / "m.wav")
 
-    async def scenario() -> None:
+    async def scenario() -> tuple[str, bool]:
         async with running_daemon(make_config(auth={"token": "s3cret"}), engine=engine) as daemon:
             with launch_chromium(tmp_path / "profile", mic) as browser:
                 async with open_page(browser) as page:
                     query = "token=s3cret&task=translate&prompt=Philip+Steels%2C+Grafana"
                     await page.navigate(page_url(daemon, query))
-                    await page.evaluate("document.getElementById('start').click()")
+                    filled: str = await page.evaluate("document.getElementById('prompt').value")
+                    await page.evaluate(
+                        "const field = document.getElementById('prompt');"
+                        "field.value += ', Loki  ';"
+                        "field.dispatchEvent(new Event('input'));"
+                        "document.getElementById('start').click()"
+                    )
                     await page.wait_for("+clock.dataset.ms > 3000", "audio to flow")
+                    locked: bool = await page.evaluate("document.getElementById('prompt').disabled")
                     await page.evaluate("document.getElementById('stop').click()")
                     await page.wait_for("state.dataset.state === 'done'", "done")
+                    assert not await page.evaluate("document.getElementById('prompt').disabled")
+                    return filled, locked
 
-    asyncio.run(scenario())
-    assert engine.prompts and set(engine.prompts) == {"Philip Steels, Grafana"}
+    filled, locked = asyncio.run(scenario())
+    assert filled == "Philip Steels, Grafana" and locked
+    assert engine.prompts and set(engine.prompts) == {"Philip Steels, Grafana, Loki"}
     assert set(engine.tasks) == {"translate"}
 
 
@@ -249,8 +261,8 @@ def test_caption_mode_rolls_three_lines_and_transcript_mode_uses_the_width(
     asyncio.run(scenario())
 
 
-# Every visible text, button and select: its colour over its effective background (the
-# layers behind it, blended), with the opacity of its ancestors, as WCAG contrast ratios.
+# Every visible text, button, select and text field: its colour over its effective background
+# (the layers behind it, blended), with the opacity of its ancestors, as WCAG contrast ratios.
 CONTRAST_JS = """(() => {
   const parse = (c) => {
     const [r, g, b, a = 1] = c.match(/[\\d.]+/g).map(Number);
@@ -282,7 +294,7 @@ CONTRAST_JS = """(() => {
   for (const el of document.querySelectorAll('body *')) {
     if (el.closest('.visually-hidden, noscript, option')) continue;
     const text = [...el.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim());
-    if (!text && !['BUTTON', 'SELECT'].includes(el.tagName)) continue;
+    if (!text && !['BUTTON', 'SELECT', 'INPUT'].includes(el.tagName)) continue;
     const box = el.getBoundingClientRect();
     if (!box.width || !box.height || getComputedStyle(el).visibility === 'hidden') continue;
     let opacity = 1;

@@ -5,17 +5,22 @@ Real processes, the real model on real speech, a real port.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import socket
 import subprocess
 import sys
 import time
+import wave
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from daemon_harness import make_config, running_daemon, url
+
+from captiond.cli import main as cli_main
 
 CAPTIOND = [sys.executable, "-m", "captiond.cli"]
 CLIENT = [sys.executable, "-m", "captiond_client.cli"]
@@ -124,15 +129,19 @@ def test_client_plain_output_and_resampling(
     assert "country" in out.read_text().lower()
 
 
-def test_client_reports_a_missing_daemon(tmp_path: Path) -> None:
+def silent_wav(tmp_path: Path) -> Path:
+    """A tenth of a second of 16 kHz silence."""
     wav = tmp_path / "x.wav"
-    import wave
-
     with wave.open(str(wav), "wb") as wf:
         wf.setnchannels(1)
         wf.setsampwidth(2)
         wf.setframerate(16000)
         wf.writeframes(b"\x00\x00" * 1600)
+    return wav
+
+
+def test_client_reports_a_missing_daemon(tmp_path: Path) -> None:
+    wav = silent_wav(tmp_path)
     run = subprocess.run(
         [*CLIENT, "stream", str(wav), "--url", f"ws://127.0.0.1:{free_port()}/v1/stream"],
         capture_output=True,
@@ -194,3 +203,41 @@ def test_the_prompt_option_sets_the_daemons_default_prompt() -> None:
     assert 'prompt = "Philip Steels, Grafana"' in run.stdout
     too_long = subprocess.run([*serve, "x" * 1001], capture_output=True, text=True, timeout=60)
     assert too_long.returncode == 2 and "[stream] prompt must be at most 1000" in too_long.stderr
+
+
+def test_transcribe_explains_a_file_it_cannot_read(tmp_path: Path) -> None:
+    text = tmp_path / "notes.wav"
+    text.write_text("not audio")
+    for path in (tmp_path / "nope.wav", text):
+        run = subprocess.run(
+            [*CAPTIOND, "transcribe", str(path)], capture_output=True, text=True, timeout=60
+        )
+        assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+        assert run.stderr.startswith(f"captiond: error: cannot read '{path}'"), run.stderr
+
+
+def test_client_explains_a_refused_token(tmp_path: Path) -> None:
+    wav = silent_wav(tmp_path)
+
+    async def scenario() -> subprocess.CompletedProcess[str]:
+        config = make_config(auth={"token": "s3cret"})
+        async with running_daemon(config) as daemon:
+            return await asyncio.to_thread(
+                subprocess.run,
+                [*CLIENT, "stream", str(wav), "--url", url(daemon)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+
+    run = asyncio.run(scenario())
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    assert "refused the connection (HTTP 401)" in run.stderr and "token" in run.stderr
+
+
+def test_devices_says_when_there_are_none(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("captiond_client.mic.input_devices", lambda: [])
+    assert cli_main(["devices"]) == 0
+    assert capsys.readouterr().out.startswith("no audio input devices")

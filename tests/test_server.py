@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import urllib.error
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 from daemon_harness import (
+    Exchange,
     check_invariants,
     collect,
     make_config,
@@ -21,6 +23,7 @@ from daemon_harness import (
     url,
 )
 from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from captiond.engines import EngineRequest, EngineResult
 from captiond.engines.fake import FakeEngine
@@ -145,6 +148,30 @@ def test_audio_after_end_is_a_protocol_violation() -> None:
             assert ex.close_code == 1008
 
     run(scenario())
+
+
+def test_done_and_an_error_never_both() -> None:
+    """Audio right after `end` on a stream with nothing left to decode: either the daemon
+    reads it before the stream is over (the error, no `done`, 1008) or after (`done`, 1000);
+    never `done` followed by an error."""
+
+    async def scenario() -> list[Exchange]:
+        async with running_daemon() as daemon:
+            exchanges = []
+            for _ in range(10):
+                async with connect(url(daemon)) as conn:
+                    reader = asyncio.create_task(collect(conn))
+                    await conn.send(json.dumps({"type": "end"}))
+                    with contextlib.suppress(ConnectionClosed):
+                        await conn.send(b"\x00\x00" * 160)
+                    exchanges.append(await asyncio.wait_for(reader, 10))
+            return exchanges
+
+    for ex in asyncio.run(scenario()):
+        if ex.of("done"):
+            assert not ex.of("error") and ex.close_code == 1000, ex.messages
+        else:
+            assert ex.of("error")[0]["code"] == "bad_message" and ex.close_code == 1008
 
 
 def test_one_bad_session_does_not_disturb_another() -> None:

@@ -53,6 +53,30 @@ def test_shipped_units_are_what_install_service_writes(tmp_path: Path) -> None:
     assert f"kept {config}" in second.stdout and config.read_text() == "# mine\n"
 
 
+def test_a_system_unit_warns_of_a_captiond_it_cannot_see(tmp_path: Path) -> None:
+    """ProtectHome=yes hides /home and /root from the system units: a captiond installed there
+    (a user's virtual environment) would not start, and install-service says so."""
+    venv = "/home/ana/venv/bin/captiond"
+    for flag, warned in (([], True), (["--template"], True), (["--user"], False)):
+        run = subprocess.run(
+            [*CAPTIOND, "install-service", *flag, "--print", "--exec", venv],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert f"ExecStart={venv} serve" in run.stdout
+        assert ("warning: /home/ana/venv/bin/captiond is under /home" in run.stderr) is warned
+
+
+def test_system_units_keep_their_caches_in_their_cache_directory() -> None:
+    # A dynamic user's home is /, read-only under ProtectSystem=strict: models joined from
+    # packages and the Hugging Face cache go to CacheDirectory= instead.
+    for kind in ("system", "template"):
+        unit = render_unit(kind)
+        assert "CacheDirectory=captiond\n" in unit
+        assert "Environment=XDG_CACHE_HOME=%C/captiond\n" in unit
+
+
 def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     analyze = shutil.which("systemd-analyze")
     if analyze is None:

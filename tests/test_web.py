@@ -8,6 +8,7 @@ import json
 import shutil
 import ssl
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,20 @@ def test_tls_serves_https_page_and_wss_stream(tmp_path: Path) -> None:
                 await asyncio.to_thread(get, daemon.port, "/")
 
     run(scenario())
+
+
+def test_the_ready_line_names_wss_with_tls(tmp_path: Path) -> None:
+    cert, key = make_self_signed(tmp_path)
+    serve = [sys.executable, "-m", "captiond.cli", "serve", "--engine=fake", "--port=0"]
+    proc = subprocess.Popen(
+        [*serve, "--tls-cert", str(cert), "--tls-key", str(key)], stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stderr is not None
+    try:
+        lines = [proc.stderr.readline()]
+        while "ready: " not in lines[-1] and lines[-1]:
+            lines.append(proc.stderr.readline())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert "ready: wss://127.0.0.1:" in lines[-1], "".join(lines)

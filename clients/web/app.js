@@ -34,6 +34,7 @@ const ui = {
   vtt: $("download-vtt"),
   clear: $("clear"),
   title: $("title"),
+  prompt: $("prompt"),
 };
 // A viewer's transcript comes back from the daemon's backlog on a reload; the microphone's
 // exists only in this browser, so it is kept in localStorage.
@@ -70,6 +71,8 @@ function setState(state, label) {
   ui.state.textContent = label;
   const idle = IDLE_STATES.includes(state);
   ui.start.disabled = !idle;
+  // A session's prompt is fixed when it starts: the daemon takes it from the stream's URL.
+  ui.prompt.disabled = !idle;
   ui.stop.disabled = idle || state === "mic" || state === "stopping";
 }
 
@@ -172,9 +175,11 @@ async function startMicrophone() {
 
 function streamUrl(m) {
   const params = { sample_rate: "16000", encoding: "pcm_s16le" };
-  // /?language=auto (or de, …), /?task=translate and /?prompt=… (names and terms) reach the
-  // daemon as they are.
-  for (const key of ["language", "task", "prompt"]) if (query.get(key)) params[key] = query.get(key);
+  // /?language=auto (or de, zh-TW, …) and /?task=translate reach the daemon as they are; the
+  // names and terms are the field's (filled from /?prompt=…).
+  for (const key of ["language", "task"]) if (query.get(key)) params[key] = query.get(key);
+  const prompt = ui.prompt.value.trim();
+  if (prompt) params.prompt = prompt;
   if (m.token && Date.now() - m.downAt > m.resumeS * 1000) {
     m.lost = `The connection was away longer than the daemon keeps a session (${m.resumeS} s).`;
     m.token = null;
@@ -426,6 +431,7 @@ if (watchName) {
   ui.stop.addEventListener("click", () => current.link.close());
   startWatching();
 } else {
+  ui.prompt.value = query.get("prompt") ?? "";
   prepareAudio();
   ui.start.addEventListener("click", startMicrophone);
   ui.stop.addEventListener("click", stopMicrophone);

@@ -181,7 +181,8 @@ def _serve(args: argparse.Namespace) -> int:
             daemon = pool = WorkerPool(config, scheduler, metrics_dir=metrics_dir)
             await pool.start()
             port = pool.port
-        log.info("ready: ws://%s:%d/v1/stream", config.server.host, port)
+        scheme = "wss" if config.server.tls_cert else "ws"
+        log.info("ready: %s://%s:%d/v1/stream", scheme, config.server.host, port)
         supervisor = asyncio.create_task(supervise(daemon, notifier, stop))
         try:
             await stop.wait()
@@ -237,6 +238,9 @@ def _devices(args: argparse.Namespace) -> int:
         devices = input_devices()
     except DeviceError as exc:
         raise ConfigError(str(exc)) from exc
+    if not devices:
+        print("no audio input devices (is PulseAudio or PipeWire running for this user?)")
+        return 0
     print(f"{'index':>5}  {'channels':>8}  {'rate_hz':>7}  name")
     for d in devices:
         print(f"{d.index:>5}  {d.channels:>8}  {d.default_rate_hz:>7}  {d.name}")
@@ -248,7 +252,17 @@ def _install_service(args: argparse.Namespace) -> int:
 
     kind = "user" if args.user else "template" if args.template else "system"
     exec_path = args.exec_path or shutil.which("captiond") or DEFAULT_EXEC
-    install = plan_install(kind, str(Path(exec_path).resolve()))
+    resolved = Path(exec_path).resolve()
+    install = plan_install(kind, str(resolved))
+    hidden = [d for d in ("/home", "/root") if resolved.is_relative_to(d)]
+    if kind != "user" and hidden:
+        # ProtectHome=yes hides these from the service: it would fail to start.
+        print(
+            f"warning: {resolved} is under {hidden[0]}, which the system unit cannot see"
+            " (ProtectHome=yes): install captiond outside it (a virtual environment in /opt,"
+            " say) and pass its path with --exec",
+            file=sys.stderr,
+        )
     if args.print:
         print(
             f"# {install.unit_path}\n{install.unit_text}\n# {install.config_path}\n{EXAMPLE_CONFIG}"
@@ -289,12 +303,15 @@ def _add_transcribe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _transcribe(args: argparse.Namespace) -> int:
     from captiond.offline import transcribe_samples
-    from captiond_client.wavfile import read_wav_16k_mono
+    from captiond_client.wavfile import WavError, read_wav_16k_mono
 
     config = override(
         _config_from(args), "stream", final_beam_size=args.beam, context_beam_size=args.beam
     )
-    samples = read_wav_16k_mono(args.file)
+    try:
+        samples = read_wav_16k_mono(args.file)
+    except (WavError, OSError) as exc:
+        raise CaptiondError(f"cannot read {str(args.file)!r}: {exc}") from None
     engine = _load_warm_engine(config)
     try:
         started = time.monotonic()

@@ -50,6 +50,10 @@ class ServerConfig:
     # resumable this long with its `resume_token`: finals the client did not acknowledge are
     # replayed and the stream continues. 0: a dropped connection ends its session.
     resume_s: float = 60.0
+    # A dropped stream's open utterance stays open this long: a client back sooner resends
+    # from `received_bytes` and the utterance goes on, so the word said at the drop is not
+    # cut in two; after it, the utterance is finalised (and replayed on a later resume).
+    drop_grace_s: float = 10.0
     # Processes that serve websockets and run VAD (workers.py); the engine stays in the main
     # process. 1: everything in one process (small machines). Session and per-IP limits are
     # split evenly over the workers.
@@ -335,6 +339,8 @@ def _check_server(server: ServerConfig) -> None:
         raise ConfigError("[server] audio_burst_s must be >= 0 and max_sessions_per_ip >= 1")
     if not 0 <= server.resume_s <= _MAX_RESUME_S:
         raise ConfigError(f"[server] resume_s must be between 0 and {_MAX_RESUME_S:g}")
+    if not 0 <= server.drop_grace_s <= _MAX_RESUME_S:
+        raise ConfigError(f"[server] drop_grace_s must be between 0 and {_MAX_RESUME_S:g}")
     if not 1 <= server.workers <= _MAX_WORKERS:
         raise ConfigError(f"[server] workers must be between 1 and {_MAX_WORKERS}")
     if server.event_loop not in EVENT_LOOPS:

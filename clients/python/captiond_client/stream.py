@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from captiond_client.wavfile import TARGET_RATE_HZ, to_pcm_s16le
 
@@ -138,6 +138,12 @@ class Stream:
             conn = await connect(url, max_size=None)
         except OSError as exc:  # refused, unreachable, timed out: the daemon may come back
             raise _Dropped(str(exc)) from exc
+        except InvalidStatus as exc:  # refused before the upgrade: the token, the Origin
+            response = exc.response
+            why = response.body.decode(errors="replace").strip() or response.reason_phrase
+            raise StreamError(
+                f"the daemon refused the connection (HTTP {response.status_code}): {why}"
+            ) from None
         async with conn:
             hello = await self._hello(conn)
             position = self._audio_end
