@@ -22,7 +22,7 @@ import numpy as np
 
 from captiond import SAMPLE_RATE_HZ
 from captiond.bench.common import select_clips
-from captiond_client.wavfile import read_wav_16k_mono, to_pcm_s16le
+from captiond_client.audiofile import read_audio_16k_mono, to_pcm_s16le
 
 NOISES = (
     "noise_doing_the_dishes",
@@ -45,8 +45,8 @@ def main() -> None:
     with (args.out / "manifest.jsonl").open("w") as manifest:
         for i, utterance in enumerate(select_clips(clips, "utterance")[:80:4]):
             noise_id, lead_s = NOISES[i % len(NOISES)], LEADS_S[i % len(LEADS_S)]
-            noise = read_wav_16k_mono(args.corpus / by_id[noise_id]["file"])
-            speech = read_wav_16k_mono(args.corpus / utterance["file"])
+            noise = read_audio_16k_mono(args.corpus / by_id[noise_id]["file"])
+            speech = read_audio_16k_mono(args.corpus / utterance["file"])
             # In float64, as the 16-bit samples were scaled when the committed figures were made.
             lead = noise[: lead_s * SAMPLE_RATE_HZ].astype(np.float64) * NOISE_GAIN
             mixed = np.concatenate([lead, speech])

@@ -4,6 +4,7 @@ whichever script Whisper wrote each decode in."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from captiond import session as session_module
 from captiond.chinese import written
 from captiond.cli import _config_from, build_parser
 from captiond.config import StreamConfig, config_from_mapping
+from captiond.dialects.openai_realtime import OpenAIRealtimeDialect
 from captiond.engines import DecodeKind, EngineRequest, EngineResult
 from captiond.errors import ConfigError
 from captiond.protocol import Control, Final, Partial, StreamParams, parse_stream_params
@@ -34,6 +36,9 @@ SIMPLIFIED = "对于更高阶的导数"
         ("zh-Hant-TW", "zh", "zh-TW"),
         ("ZH-hk", "zh", "zh-HK"),
         ("zh-MO", "zh", "zh-HK"),
+        ("zh-Hant-CN", "zh", "zh-Hant"),
+        ("zh-Hans-TW", "zh", "zh-Hans"),
+        ("zh-US", "zh", None),
         ("en-US", "en", None),
         ("pt-BR", "pt", None),
         ("auto", "auto", None),
@@ -49,16 +54,17 @@ def test_a_language_tag_names_the_language_and_the_script_of_chinese(
 @pytest.mark.parametrize(
     ("variant", "expected"),
     [
-        ("zh-Hans", "对于更高阶的导数。为了里面"),
-        ("zh-Hant", "對於更高階的導數。爲了裏面"),
-        ("zh-TW", "對於更高階的導數。為了裡面"),
-        ("zh-HK", "對於更高階的導數。為了裏面"),
-        ("", "對於更高階的導数。为了里面"),
+        ("zh-Hans", "对于更高阶的导数。为了里面。为 里 为 里"),
+        ("zh-Hant", "對於更高階的導數。爲了裏面。爲 裏 爲 裏"),
+        ("zh-TW", "對於更高階的導數。為了裡面。為 裡 為 裡"),
+        ("zh-HK", "對於更高階的導數。為了裏面。為 裏 為 裏"),
+        ("", "對於更高階的導数。为了里面。為 裡 爲 裏"),
     ],
 )
 def test_text_is_written_in_the_variant_from_either_script(variant: str, expected: str) -> None:
-    # Whisper's text mixes both scripts at times; each variant writes all of it its own way.
-    assert written("對於更高階的導数。为了里面", "zh", variant) == expected
+    # Whisper's text mixes both scripts at times, and traditional characters in Taiwan's forms
+    # (為, 裡) or others (爲, 裏): each variant writes all of it one way.
+    assert written("對於更高階的導数。为了里面。為 裡 爲 裏", "zh", variant) == expected
 
 
 def test_only_chinese_is_converted() -> None:
@@ -129,13 +135,33 @@ def test_no_variant_keeps_what_whisper_wrote() -> None:
     assert driver.of(Final)[0].text == TRADITIONAL
 
 
-def test_set_language_with_a_tag_switches_the_script(monkeypatch: pytest.MonkeyPatch) -> None:
-    decoder = chinese_decoder([SIMPLIFIED[:4], *[SIMPLIFIED] * 10], SIMPLIFIED)
-    driver = Driver(decoder, params=StreamParams(language="en"), stream=NO_CONTEXT)  # type: ignore[arg-type]
-    driver.session.set_language("zh-HK")
-    assert driver.session.params.chinese_variant == "zh-HK"
+def test_set_language_with_a_tag_switches_the_script_from_the_next_utterance() -> None:
+    # A vendor's session update names "zh-TW" while an utterance is open: that utterance stays
+    # in the script it began in (as its language does), the next one is traditional.
+    def decode(request: EngineRequest) -> EngineResult:
+        new = TRADITIONAL[len(request.prefix) :] if len(request.prefix) < 8 else ""
+        return EngineResult(text=new, unit_probs=(0.9,) * len(new))
+
+    driver = Driver(decode, params=StreamParams(language="zh"), stream=NO_CONTEXT)
+    driver.send(np.concatenate([silence(0.5), tone(1.5)]))
+    driver.session.set_language("zh-TW")
+    assert driver.session.params.chinese_variant == "zh-TW"
+    driver.send(np.concatenate([tone(1.5), silence(1.0), tone(3.0), silence(1.0)]))
+    driver.control(Control.END)
+    assert [f.text for f in driver.of(Final)] == [SIMPLIFIED, TRADITIONAL]
     driver.session.set_language("zh")  # no variant named: the daemon's
     assert driver.session.params.chinese_variant == "zh-Hans"
+
+
+def test_openai_session_update_may_name_the_script() -> None:
+    dialect = OpenAIRealtimeDialect({"intent": "transcription"})
+    dialect.stream_params("en")
+    transcription = {"language": "zh-TW"}
+    session = {"type": "transcription", "audio": {"input": {"transcription": transcription}}}
+    received = dialect.receive(json.dumps({"type": "session.update", "session": session}))
+    assert received.language == "zh-TW"
+    (reply,) = received.replies
+    assert json.loads(reply)["session"]["audio"]["input"]["transcription"]["language"] == "zh-TW"
 
 
 def test_a_conversion_that_changes_the_length_leaves_stability_to_agreement(
@@ -165,8 +191,10 @@ def test_the_daemon_default_is_simplified_and_checked() -> None:
     assert config.stream.chinese_variant == "zh-TW"
     with pytest.raises(ConfigError, match="chinese_variant"):
         config_from_mapping({"stream": {"chinese_variant": "big5"}})
-    with pytest.raises(ConfigError, match="chinese_variant"):
+    with pytest.raises(ConfigError, match='write "zh" and chinese_variant = "zh-TW"'):
         config_from_mapping({"stream": {"language": "zh-TW"}})
+    with pytest.raises(ConfigError, match='write "en"'):
+        config_from_mapping({"stream": {"language": "EN"}})
     with pytest.raises(ConfigError, match="language"):
         config_from_mapping({"stream": {"language": "chinese"}})
 

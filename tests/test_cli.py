@@ -17,8 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import soxr
+from conftest import read_wav_int16
 from daemon_harness import make_config, running_daemon, url
+from test_audiofile import encode
 
 from captiond.cli import main as cli_main
 
@@ -152,10 +156,15 @@ def test_client_reports_a_missing_daemon(tmp_path: Path) -> None:
 
 
 @pytest.mark.model
-def test_transcribe_json(speech_dir: Path, speech_manifest: list[dict[str, Any]]) -> None:
+def test_transcribe_json(
+    speech_dir: Path, speech_manifest: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    # As a user's recording comes: compressed (Opus), 48 kHz stereo.
     m = clip(speech_manifest, "jfk_inaugural_1961")
+    jfk = read_wav_int16(speech_dir / m["file"]).astype(np.float32) / 32768
+    ogg = encode(tmp_path / "jfk.ogg", soxr.resample(jfk, 16_000, 48_000), 48_000, "libopus", 2)
     run = subprocess.run(
-        [*CAPTIOND, "transcribe", str(speech_dir / m["file"]), "--json", "--beam", "2"],
+        [*CAPTIOND, "transcribe", str(ogg), "--json", "--beam", "2"],
         capture_output=True,
         text=True,
         timeout=120,

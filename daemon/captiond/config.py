@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, get_origin, get_type_hints
 from urllib.parse import urlsplit
 
-from captiond.chinese import VARIANTS
+from captiond.chinese import VARIANTS, variant_of
 from captiond.errors import BadMessageError, ConfigError
 from captiond.protocol import MAX_PROMPT_CHARS, check_language
 
@@ -394,11 +394,11 @@ def _check_stream(stream: StreamConfig) -> None:
         language = check_language(stream.language)
     except BadMessageError as exc:
         raise ConfigError(f"[stream] {exc}") from None
-    if language != stream.language.lower():
-        raise ConfigError(
-            f"[stream] language {stream.language!r}: write the language alone ({language!r})"
-            " and the script of Chinese as chinese_variant"
-        )
+    if language != stream.language:
+        # Written as the daemon passes it on (offline decodes, sources): a tag is split here.
+        variant = variant_of(stream.language)
+        also = f' and chinese_variant = "{variant}"' if variant else ""
+        raise ConfigError(f'[stream] language {stream.language!r}: write "{language}"{also}')
     if stream.chinese_variant and stream.chinese_variant not in VARIANTS:
         raise ConfigError(f'[stream] chinese_variant must be one of {", ".join(VARIANTS)} or ""')
     if len(stream.prompt) > MAX_PROMPT_CHARS:

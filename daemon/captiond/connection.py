@@ -213,14 +213,14 @@ class LiveStream:
         it (a resume: the held ones from segment `since`)."""
         if self._conn is not None and self._conn.transport is not None:
             self._conn.transport.abort()  # half-open after a network drop: the new one wins
-        self.detached_at_s = None
-        for timer in (self._expiry, self._drop_final):
-            if timer is not None:
-                timer.cancel()
+        self._cancel_timers()  # none may end the session while this one waits for the lock
         try:
             # Under the send lock: no live message overtakes the replay, none falls between.
             async with self._send_lock:
                 self._conn = conn
+                # Again: a connection taken over may have detached (and set them) meanwhile.
+                self.detached_at_s = None
+                self._cancel_timers()
                 replay = self.held.replay(since) if resume else []
                 self._dialect = dialect
                 for message in [hello(replay), *replay]:
@@ -284,6 +284,7 @@ class LiveStream:
         resume, the session ends here), and finalise the open utterance after `drop_grace_s`
         unless the client is back by then."""
         self._conn = None
+        self._cancel_timers()
         loop = asyncio.get_running_loop()
         self.detached_at_s = loop.time()
         if self.finished.is_set():
@@ -325,10 +326,13 @@ class LiveStream:
         self.wake.set()
 
     def _release(self) -> None:
+        self._cancel_timers()
+        self.released.set()
+
+    def _cancel_timers(self) -> None:
         for timer in (self._expiry, self._drop_final):
             if timer is not None:
                 timer.cancel()
-        self.released.set()
 
     # -- input -------------------------------------------------------------------------------
 
@@ -456,5 +460,6 @@ class LiveStream:
             self._metrics.partial_lag_seconds.observe(max(0, lag_ms) / 1000)
         elif isinstance(message, Final):
             latency_s = self.final_latency_s(message.end_ms, now_s)
-            if latency_s is not None:
+            # One decoded while the client is away waited for it (drop_grace_s), not for us.
+            if latency_s is not None and self.detached_at_s is None:
                 self._metrics.final_latency_seconds.observe(latency_s)

@@ -11,6 +11,7 @@ joined once into captiond's cache folder); and, only with `allow_download`, the 
 
 from __future__ import annotations
 
+import fcntl
 import importlib.resources
 import importlib.util
 import os
@@ -87,9 +88,23 @@ def packaged_base_path() -> Path:
     halves = [data[0] / "model.bin.part1", data[1] / "model.bin.part2"]
     expected_bytes = sum(half.stat().st_size for half in halves)
     model_bin = target / "model.bin"
-    if model_bin.is_file() and model_bin.stat().st_size == expected_bytes:
+
+    def joined() -> bool:
+        return model_bin.is_file() and model_bin.stat().st_size == expected_bytes
+
+    if joined():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    # Two daemons starting together join it once: the second waits, then finds it joined.
+    with (target.parent / ".base.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not joined():
+            _join(halves, data[0], target)
+    return target
+
+
+def _join(halves: list[Path], files: Path, target: Path) -> None:
+    """model.bin from its halves, and the model's other files from `files`, into `target`."""
     # Joined in a temporary folder and renamed into place: a crash never leaves half a model.
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         staging = Path(tmp) / "base"
@@ -99,10 +114,9 @@ def packaged_base_path() -> Path:
                 with half.open("rb") as part:
                     shutil.copyfileobj(part, out, length=16 << 20)
         for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
-            shutil.copy2(data[0] / name, staging / name)
+            shutil.copy2(files / name, staging / name)
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
-    return target
 
 
 def _packaged(name: str, *, join: bool) -> Path | None:

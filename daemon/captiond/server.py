@@ -34,6 +34,7 @@ from websockets.server import ServerProtocol
 from captiond import SAMPLE_RATE_HZ
 from captiond.access import ConnectionsPerIp, check_origin, check_token
 from captiond.audio import ms_to_samples
+from captiond.chinese import VARIANTS
 from captiond.config import Config
 from captiond.connection import CLOSE_GOING_AWAY, AnsweringConnection, LiveStream, send_error
 from captiond.dialects import Dialect
@@ -520,9 +521,7 @@ class Daemon:
             # Journals written before these were kept transcribe with the daemon's prompt.
             task=str(header.get("task", "transcribe")),
             prompt=None if header.get("prompt") is None else str(header["prompt"]),
-            chinese_variant=(
-                None if header.get("chinese_variant") is None else str(header["chinese_variant"])
-            ),
+            chinese_variant=_variant_from(header.get("chinese_variant")),
         )
         origin = StreamOrigin(
             start_sample=ms_to_samples(int(end["audio_ms"])),
@@ -548,6 +547,12 @@ class Daemon:
                 )
             )
         return live, round(gap_s * 1000)
+
+
+def _variant_from(value: object) -> str | None:
+    """A journal header's Chinese variant; None (the daemon's) for one this version does not
+    know, or a header written before variants were kept."""
+    return value if isinstance(value, str) and (value == "" or value in VARIANTS) else None
 
 
 def _peer(conn: ServerConnection) -> str:

@@ -134,6 +134,7 @@ class _Utterance:
     # An early final's answer, kept until the endpoint: its request and the text decoded.
     early: tuple[DecodeRequest, str] | None = None
     language: str | None = None  # decided once per utterance (with ?language=auto: detected)
+    chinese_variant: str = ""  # the stream's when the utterance began ("": as Whisper writes)
     agreement: LocalAgreement = field(default_factory=LocalAgreement)
 
 
@@ -285,15 +286,15 @@ class StreamSession:
             if utt.language is None and result.language is not None:
                 self._decide_language(utt, result.language)
         new = "" if self._is_hallucination(request, result) else result.text.strip()
-        # In the reader's script before anything is shown, made stable or kept as context.
-        language = utt.language if utt is not None else None  # None: the text is not used
-        written_new = written(new, language, self._params.chinese_variant or "")
         unit_probs = result.unit_probs
-        if written_new != new:
+        # In the reader's script before anything is shown, made stable or kept as context
+        # (without an utterance, the text is not used).
+        converted = new if utt is None else written(new, utt.language, utt.chinese_variant)
+        if converted != new:
             # A phrase converted to one of another length would shift the units' probabilities.
-            if len(units(written_new)) != len(units(new)):
+            if len(units(converted)) != len(units(new)):
                 unit_probs = ()
-            new = written_new
+            new = converted
         # The forced words stay as they were even if Whisper would have extended the last one
         # (a word split across the commit point): stable words are a promise. Punctuation that
         # Whisper puts right after them ("In September" + ", for the first time") belongs to
@@ -425,6 +426,7 @@ class StreamSession:
                     lead_sample=max(event.lead_sample, event.start_sample - self._lead_samples),
                     agreement=LocalAgreement(self._stream.stable_hold_back_words),
                     language=None if auto else self._params.language,
+                    chinese_variant=self._params.chinese_variant or "",
                 )
                 self._outbox.append(SpeechStarted(start_ms=samples_to_ms(event.start_sample)))
             elif isinstance(event, UtteranceEnd) and self._open is not None:

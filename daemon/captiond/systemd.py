@@ -113,7 +113,11 @@ UNIT_FILES = {
     "template": "captiond@.service",
 }
 
-_HARDENING = """\
+
+def _hardening(directory: str) -> str:
+    """The system units' sandbox; `directory` names their cache and state folders (one per
+    instance of the template: each runs as its own dynamic user, which owns its folders)."""
+    return f"""\
 DynamicUser=yes
 SupplementaryGroups=audio video render
 NoNewPrivileges=yes
@@ -131,12 +135,12 @@ RestrictSUIDSGID=yes
 LockPersonality=yes
 RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK
 SystemCallArchitectures=native
-CacheDirectory=captiond
+CacheDirectory={directory}
 # Models joined from packages (--model base) or fetched with --download, and the Hugging Face
 # cache, go there: a dynamic user's home is /, read-only here.
-Environment=XDG_CACHE_HOME=%C/captiond
-# /var/lib/captiond: the transcript journal's home ([journal] dir), kept across restarts.
-StateDirectory=captiond
+Environment=XDG_CACHE_HOME=%C/{directory}
+# /var/lib/{directory}: the transcript journal's home ([journal] dir), kept across restarts.
+StateDirectory={directory}
 StateDirectoryMode=0700
 # The GPU (and the sound card) stay visible: no PrivateDevices, an explicit device list.
 DevicePolicy=closed
@@ -165,7 +169,7 @@ _SPECS = {
         config="/etc/captiond/captiond.toml",
         after="network-online.target sound.target",
         environment="",
-        hardening=_HARDENING,
+        hardening=_hardening("captiond"),
         wanted_by="multi-user.target",
     ),
     "user": _UnitSpec(
@@ -182,7 +186,7 @@ _SPECS = {
         config="/etc/captiond/%i.toml",
         after="network-online.target",
         environment="Environment=CUDA_VISIBLE_DEVICES=%i\n",
-        hardening=_HARDENING,
+        hardening=_hardening("captiond/%i"),
         wanted_by="multi-user.target",
     ),
 }

@@ -1,4 +1,4 @@
-"""`captiond-client`: stream a WAV file or the microphone to a captiond daemon; show captions.
+"""`captiond-client`: stream an audio file or the microphone to a captiond daemon; show captions.
 
 Main thread; one asyncio loop per command.
 """
@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from captiond_client import DEFAULT_URL
+from captiond_client.audiofile import AudioFileError, read_audio_16k_mono
 from captiond_client.display import CaptionPrinter, write_transcript
 from captiond_client.stream import StreamError, stream_samples
-from captiond_client.wavfile import WavError, read_wav_16k_mono
 
 _RETRY_HELP = (
     "seconds to keep reconnecting (and resuming the session) after the connection drops; "
@@ -26,7 +26,7 @@ _RETRY_HELP = (
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="captiond-client", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("stream", help="stream a WAV file (any rate, any channels)")
+    p = sub.add_parser("stream", help="stream an audio file (WAV, FLAC, MP3, …), any rate")
     p.add_argument("file", type=Path)
     p.add_argument("--url", default=DEFAULT_URL, help=f"daemon stream URL (default {DEFAULT_URL})")
     p.add_argument(
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _stream(args: argparse.Namespace) -> int:
-    samples = read_wav_16k_mono(args.file)
+    samples = read_audio_16k_mono(args.file)
     printer = CaptionPrinter(as_json=args.json)
     asyncio.run(
         stream_samples(
@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
-    except (WavError, OSError) as exc:
+    except (AudioFileError, OSError) as exc:
         print(f"captiond-client: {exc}", file=sys.stderr)
         return 2
     except StreamError as exc:

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from captiond_client.audiofile import to_pcm_s16le
 from captiond_client.stream import Message, Stream
-from captiond_client.wavfile import to_pcm_s16le
 
 Block = npt.NDArray[np.float32]
 _POLL_S = 0.25

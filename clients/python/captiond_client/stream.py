@@ -25,7 +25,7 @@ import numpy.typing as npt
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from captiond_client.wavfile import TARGET_RATE_HZ, to_pcm_s16le
+from captiond_client.audiofile import TARGET_RATE_HZ, to_pcm_s16le
 
 log = logging.getLogger(__name__)
 
@@ -138,10 +138,12 @@ class Stream:
             conn = await connect(url, max_size=None)
         except OSError as exc:  # refused, unreachable, timed out: the daemon may come back
             raise _Dropped(str(exc)) from exc
-        except InvalidStatus as exc:  # refused before the upgrade: the token, the Origin
+        except InvalidStatus as exc:  # answered with HTTP instead of the upgrade
             response = exc.response
             why = response.body.decode(errors="replace").strip() or response.reason_phrase
-            raise StreamError(
+            if response.status_code >= 500:  # a proxy or a daemon on its way down or up
+                raise _Dropped(f"HTTP {response.status_code}: {why}") from exc
+            raise StreamError(  # the token, the Origin: trying again will not help
                 f"the daemon refused the connection (HTTP {response.status_code}): {why}"
             ) from None
         async with conn:

@@ -25,7 +25,7 @@ from captiond.config import Config, load_config, override
 from captiond.engines import ENGINE_NAMES, Engine, load_engine
 from captiond.scheduler import InferenceScheduler
 from captiond.server import Daemon
-from captiond_client.wavfile import read_wav_16k_mono
+from captiond_client.audiofile import read_audio_16k_mono
 
 KINDS = ("long", "utterance", "nonspeech")
 
@@ -112,7 +112,7 @@ def load_clips(manifest: Path, spec: str, max_s: float | None) -> list[Clip]:
         entries = [json.loads(line) for line in fh if line.strip()]
     clips = []
     for e in select_clips(entries, spec):
-        samples = read_wav_16k_mono(manifest.parent / e["file"])
+        samples = read_audio_16k_mono(manifest.parent / e["file"])
         if max_s is not None:
             samples = samples[: int(max_s * 16_000)]
         # A cut clip's reference no longer matches: keep it only for the clip's own kind.

@@ -26,7 +26,6 @@ import platform
 import sys
 import threading
 import time
-import wave
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ import numpy.typing as npt
 import captiond
 from captiond.models import model_display_name, resolve_model
 from captiond.scheduler import ENGINE_SWITCH_INTERVAL_S
+from captiond_client.audiofile import read_audio_16k_mono
 
 SAMPLE_RATE_HZ = 16_000
 SYNTHETIC_AUDIO_S = 10.0
@@ -104,10 +104,7 @@ def _load_audio(path: Path | None) -> tuple[npt.NDArray[np.float32], str]:
         tones = sum(np.sin(2 * np.pi * f_hz * t_s) for f_hz in (220.0, 440.0, 1200.0))
         audio = (0.05 * envelope * (tones + rng.standard_normal(t_s.size))).astype(np.float32)
         return audio, f"synthetic {SYNTHETIC_AUDIO_S:g} s"
-    with wave.open(str(path), "rb") as wf:
-        samples = np.frombuffer(wf.readframes(wf.getnframes()), dtype="<i2")
-    audio = (samples[: 30 * SAMPLE_RATE_HZ].astype(np.float32) / 32768.0).astype(np.float32)
-    return audio, str(path)
+    return read_audio_16k_mono(path)[: 30 * SAMPLE_RATE_HZ], str(path)
 
 
 def _version(package: str) -> str | None:

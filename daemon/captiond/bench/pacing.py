@@ -18,8 +18,8 @@ from websockets.asyncio.client import connect
 
 from captiond.audio import samples_to_ms
 from captiond.bench.metrics import Trace
+from captiond_client.audiofile import to_pcm_s16le
 from captiond_client.stream import stream_url
-from captiond_client.wavfile import to_pcm_s16le
 
 CHUNK_MS = 100
 _CHUNK_SAMPLES = 16_000 * CHUNK_MS // 1000

@@ -219,6 +219,7 @@ def _whole_file(env: common.BenchEnv) -> dict[str, Any]:
             device="cpu",
             compute_type=compute_type,
             language=env.config.stream.language,
+            chinese_variant=env.config.stream.chinese_variant,
         )
         wer = None if c.kind == "nonspeech" else round(word_errors(c.text, texts[c.id]).wer, 4)
         clips[c.id] = {"text": texts[c.id], "wer": wer}

@@ -33,7 +33,8 @@ What differs from OpenAI, and why:
   be retracted. It is acknowledged with `cleared` and ends the open utterance, so that the
   audio before the clear never joins what comes after; its item is still completed.
 - `transcription.language` switches the decode language (null or absent: unchanged; the
-  stream starts in the daemon's [stream] language). `transcription.prompt` becomes the
+  stream starts in the daemon's [stream] language; a tag such as "zh-TW" also names the script
+  of Chinese captions). `transcription.prompt` becomes the
   stream's prompt (names and terms before every decode's previous text, as whisper-1 reads
   its prompt; "" or null: none; absent: unchanged; until one is set, the daemon's
   `[stream] prompt`, which `session.created` does not show). `model`, `noise_reduction` and
@@ -334,11 +335,14 @@ def _prompt(transcription: dict[str, Any]) -> str | None:
 
 
 def _language(transcription: dict[str, Any]) -> str | None:
-    """The language to decode in from now on (null, "" or absent: unchanged)."""
+    """The language to decode in from now on (null, "" or absent: unchanged), as the client
+    wrote it: a tag such as "zh-TW" also names the script of Chinese (session.set_language)."""
     if not transcription.get("language"):
         return None
+    language = str(transcription["language"])
     try:
-        return check_language(str(transcription["language"]))
+        check_language(language)
+        return language
     except SessionError as exc:
         param = "session.audio.input.transcription.language"
         raise _Refused("invalid_value", str(exc), param) from None
