@@ -19,7 +19,7 @@ class AudioFileError(ValueError):
 
 def read_audio_16k_mono(path: Path) -> npt.NDArray[np.float32]:
     """Samples in [-1, 1] at 16 kHz, channels averaged (the first audio stream). A file that
-    does not exist raises FileNotFoundError."""
+    cannot be opened raises OSError (FileNotFoundError, PermissionError, …)."""
     try:
         with av.open(str(path)) as container:
             if not container.streams.audio:
@@ -35,7 +35,7 @@ def read_audio_16k_mono(path: Path) -> npt.NDArray[np.float32]:
             ]
             blocks += [out.to_ndarray() for out in planar.resample(None)]
             rate_hz = stream.rate
-    except av.error.FileNotFoundError:
+    except OSError:  # missing, a folder, no permission: PyAV's errors are OSError's too
         raise
     except av.error.FFmpegError as exc:
         raise AudioFileError(f"{path}: not an audio file FFmpeg can read ({exc})") from None
