@@ -19,11 +19,11 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from captiond.chinese import variant_of
 from captiond.config import Config, config_from_mapping, dump_toml, load_config, override
 from captiond.engines import ENGINE_NAMES, Engine, load_engine
 from captiond.errors import CaptiondError, ConfigError
 from captiond.loop import run as run_loop
+from captiond.protocol import parse_language
 
 log = logging.getLogger("captiond")
 
@@ -58,13 +58,15 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _config_from(args: argparse.Namespace) -> Config:
-    language = args.language
+    # A tag naming a Chinese variant (zh-TW) sets both, as `?language=zh-TW` does.
+    language, chinese_variant = (
+        (None, None) if args.language is None else parse_language(args.language)
+    )
     config = override(
         load_config(args.config),
         "stream",
-        # A tag naming a Chinese variant (zh-TW) sets both, as `?language=zh-TW` does.
-        language=language and language.split("-")[0].lower(),
-        chinese_variant=language and variant_of(language),
+        language=language,
+        chinese_variant=chinese_variant,
         prompt=args.prompt,
     )
     return override(

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, get_origin, get_type_hints
 from urllib.parse import urlsplit
 
-from captiond.chinese import VARIANTS, variant_of
+from captiond.chinese import VARIANTS
 from captiond.errors import BadMessageError, ConfigError
-from captiond.protocol import MAX_PROMPT_CHARS, check_language
+from captiond.protocol import MAX_PROMPT_CHARS, parse_language
 
 WHISPER_WINDOW_S = 30.0
 
@@ -391,12 +391,11 @@ def _check_stream(stream: StreamConfig) -> None:
         if getattr(stream, key) < 1:
             raise ConfigError(f"[stream] {key} must be 1 or more")
     try:
-        language = check_language(stream.language)
+        language, variant = parse_language(stream.language)
     except BadMessageError as exc:
         raise ConfigError(f"[stream] {exc}") from None
     if language != stream.language:
         # Written as the daemon passes it on (offline decodes, sources): a tag is split here.
-        variant = variant_of(stream.language)
         also = f' and chinese_variant = "{variant}"' if variant else ""
         raise ConfigError(f'[stream] language {stream.language!r}: write "{language}"{also}')
     if stream.chinese_variant and stream.chinese_variant not in VARIANTS:

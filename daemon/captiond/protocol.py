@@ -68,8 +68,7 @@ def parse_stream_params(query: Mapping[str, str], default_language: str) -> Stre
         raise BadAudioError(
             f"unsupported sample_rate {rate_hz}: use {MIN_SAMPLE_RATE_HZ}..{MAX_SAMPLE_RATE_HZ} Hz"
         )
-    tag = query.get("language", default_language)
-    language = check_language(tag)
+    language, chinese_variant = parse_language(query.get("language", default_language))
     task = query.get("task", "transcribe")
     if task not in TASKS:
         raise BadMessageError(f"task must be one of {', '.join(TASKS)}, got {task[:20]!r}")
@@ -78,10 +77,16 @@ def parse_stream_params(query: Mapping[str, str], default_language: str) -> Stre
         sample_rate_hz=rate_hz,
         encoding=encoding,
         language=language,
-        chinese_variant=variant_of(tag),
+        chinese_variant=chinese_variant,
         task=task,
         prompt=None if prompt is None else check_prompt(prompt),
     )
+
+
+def parse_language(tag: str) -> tuple[str, str | None]:
+    """A language tag's Whisper language (`check_language`) and the Chinese variant it names
+    (`chinese.variant_of`: "zh-TW" is ("zh", "zh-TW"), "en-US" ("en", None))."""
+    return check_language(tag), variant_of(tag)
 
 
 def check_language(tag: str) -> str:

@@ -41,7 +41,7 @@ from captiond.audio import (
     samples_to_ms,
     to_pcm16,
 )
-from captiond.chinese import variant_of, written
+from captiond.chinese import written
 from captiond.config import Config
 from captiond.context import CommittedFinal, TranscriptContext
 from captiond.engines import DecodeKind, EngineRequest, EngineResult
@@ -55,7 +55,7 @@ from captiond.protocol import (
     SpeechStarted,
     SpeechStopped,
     StreamParams,
-    check_language,
+    parse_language,
 )
 from captiond.stabilize import LocalAgreement, keep_stable
 from captiond.text import has_word, join_texts, join_units, units, written_after
@@ -222,10 +222,11 @@ class StreamSession:
     def set_language(self, language: str) -> None:
         """Decode the utterances from the next one on as `language` (a tag such as "de" or
         "zh-TW", or "auto"), a session update of a vendor API."""
+        code, chinese_variant = parse_language(language)
         self._params = dataclasses.replace(
             self._params,
-            language=check_language(language),
-            chinese_variant=variant_of(language) or self._stream.chinese_variant,
+            language=code,
+            chinese_variant=chinese_variant or self._stream.chinese_variant,
         )
         if not self._params.auto_language:
             self._language = self._params.language
