@@ -49,6 +49,10 @@ class RecordingEngine(FakeEngine):
         self.tasks: list[str] = []
         self.prompts: list[str] = []
 
+    @property
+    def multilingual(self) -> bool:
+        return True  # streams may ask for any language (an English-only model is refused them)
+
     def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
         self.languages += [r.language for r in requests]
         self.tasks += [r.task for r in requests]

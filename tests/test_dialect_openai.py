@@ -385,9 +385,12 @@ def test_bad_events_get_openai_errors_and_the_session_stays_open() -> None:
             conn.send_raw(json.dumps({"type": "response.create"}))
             bad_audio = {"type": "input_audio_buffer.append", "audio": "**", "event_id": "e1"}
             conn.send_raw(json.dumps(bad_audio))
+            # Not ASCII: base64 raises ValueError here, not binascii.Error (once a 1011 that
+            # held the session's slot for good).
+            conn.send_raw(json.dumps({"type": "input_audio_buffer.append", "audio": "AAAA\u00e9"}))
             conn.session.update(session=session_with(format={"type": "audio/pcmu"}))
             conn.send_raw(b"\x00\x01")
-            errors = read_until(conn, lambda events: len(events) == 5)
+            errors = read_until(conn, lambda events: len(events) == 6)
             append(conn, long_burst, chunk=len(long_burst))
             conn.input_audio_buffer.commit()
             return errors, read_until(conn, completions(1))
@@ -398,6 +401,7 @@ def test_bad_events_get_openai_errors_and_the_session_stays_open() -> None:
     assert [(e.error.code, e.error.param) for e in errors] == [
         ("invalid_json", None),
         ("invalid_value", "type"),
+        ("invalid_value", "audio"),
         ("invalid_value", "audio"),
         ("invalid_value", "session.audio.input.format"),
         ("invalid_request", None),

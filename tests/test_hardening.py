@@ -35,6 +35,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from captiond.config import Config
+from captiond.dialects import Received
+from captiond.dialects.native import NativeDialect
 from captiond.engines.fake import FakeEngine
 from captiond.journal_read import list_sessions
 from captiond.logs import configure_logging
@@ -304,6 +306,63 @@ def test_frames_after_end_get_their_error_after_every_final() -> None:
     assert len(ex.of("final")) == 4
     assert ex.messages[-1]["type"] == "error" and ex.messages[-1]["code"] == "bad_message"
     assert ex.close_code == 1008
+
+
+def test_a_bug_reading_one_stream_ends_it_cleanly_and_frees_its_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An exception no rule expects (a bug in a dialect) is the stream's `internal` error, after
+    its finals, and close 1011; its session ends and gives its slot back. It once escaped the
+    handler and held the slot until a restart."""
+    receive = NativeDialect.receive
+
+    def buggy_receive(self: NativeDialect, frame: str | bytes) -> Received:
+        if frame == '{"type": "boom"}':
+            raise RuntimeError("a bug")
+        return receive(self, frame)
+
+    monkeypatch.setattr(NativeDialect, "receive", buggy_receive)
+
+    async def scenario() -> tuple[Exchange, Exchange]:
+        config = make_config(server={"max_sessions": 1})
+        async with running_daemon(config, engine=FakeEngine(delay_s=0.2)) as daemon:
+            async with connect(url(daemon)) as conn:
+                reader = asyncio.create_task(collect(conn))
+                await conn.send(tone_bursts([1.0] * 2).tobytes())
+                await conn.send(json.dumps({"type": "boom"}))
+                broken = await asyncio.wait_for(reader, 30)
+            return broken, await stream_pcm(url(daemon), tone_bursts([1.0]))
+
+    broken, honest = run(scenario())
+    check_invariants(broken)
+    assert len(broken.of("final")) == 2, "the finals of the audio before the bug were delivered"
+    assert [e["code"] for e in broken.of("error")] == ["internal"]
+    assert broken.close_code == 1011
+    check_invariants(honest)
+    assert honest.of("done") and honest.close_code == 1000, "the slot was given back"
+
+
+def test_a_language_the_model_cannot_caption_is_refused_when_the_stream_opens() -> None:
+    """The fake engine is English-only, as tiny.en: Spanish would decode to nothing, silently;
+    a code Whisper does not know once failed the stream at its first decode (engine_failed)."""
+
+    async def scenario() -> tuple[Exchange, Exchange, int | None, Exchange]:
+        async with running_daemon() as daemon:
+            spanish = await stream_pcm(url(daemon, query="language=es"), tone_bursts([1.0]))
+            unknown = await stream_pcm(url(daemon, query="language=xx"), tone_bursts([1.0]))
+            deepgram = await refused_status(
+                f"ws://127.0.0.1:{daemon.port}/v1/listen?encoding=linear16&sample_rate=16000"
+                "&language=es"
+            )
+            auto = await stream_pcm(url(daemon, query="language=auto"), tone_bursts([1.0]))
+        return spanish, unknown, deepgram, auto
+
+    spanish, unknown, deepgram, auto = run(scenario())
+    for refused, words in ((spanish, "English-only"), (unknown, "not one Whisper knows")):
+        assert [e["code"] for e in refused.of("error")] == ["bad_message"]
+        assert words in refused.of("error")[0]["message"] and refused.close_code == 1008
+    assert deepgram == 400
+    assert auto.of("final") and auto.of("done"), "auto on an English-only model is English"
 
 
 # -- fuzzing beside an honest stream ------------------------------------------------------------

@@ -72,10 +72,20 @@ def test_stream_params_rate_bounds_accepted(rate: str) -> None:
     assert parse_stream_params({"sample_rate": rate}, "en").sample_rate_hz == int(rate)
 
 
-@pytest.mark.parametrize("language", ["e", "english", "e1", "", "en_US", "en-", "zh-台湾", "../"])
+@pytest.mark.parametrize(
+    "language", ["e", "english", "e1", "", "en_US", "en-", "zh-台湾", "../", "xx", "EO", "yue-x-"]
+)
 def test_stream_params_bad_language(language: str) -> None:
     with pytest.raises(BadMessageError, match="language"):
         parse_stream_params({"language": language}, "en")
+
+
+@pytest.mark.parametrize(
+    ("tag", "code"),
+    [("haw", "haw"), ("yue-HK", "yue"), ("jv", "jw"), ("nb-NO", "no"), ("iw", "he")],
+)
+def test_language_tags_become_whisper_codes(tag: str, code: str) -> None:
+    assert parse_stream_params({"language": tag}, "en").language == code
 
 
 def test_bad_params_errors_carry_protocol_codes() -> None:

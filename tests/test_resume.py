@@ -207,7 +207,7 @@ def test_resume_across_a_daemon_restart(tmp_path: Path, journal: bool) -> None:
 
     async def scenario() -> None:
         config = _journaled(tmp_path) if journal else make_config()
-        async with running_daemon(config) as daemon:
+        async with running_daemon(config, engine=engine) as daemon:
             port = daemon.port
             query = "language=zh-TW&task=translate&prompt=Grafana"
             conn = await connect(url(daemon, query=query))

@@ -21,9 +21,9 @@ from pathlib import Path
 
 from captiond.config import Config, config_from_mapping, dump_toml, load_config, override
 from captiond.engines import ENGINE_NAMES, Engine, load_engine
-from captiond.errors import CaptiondError, ConfigError
+from captiond.errors import CaptiondError, ConfigError, SessionError
 from captiond.loop import run as run_loop
-from captiond.protocol import parse_language
+from captiond.protocol import AUTO_LANGUAGE, check_model_language, parse_language
 
 log = logging.getLogger("captiond")
 
@@ -90,6 +90,14 @@ def _load_warm_engine(config: Config) -> Engine:
         engine.model_name,
         time.monotonic() - started,
     )
+    language = config.stream.language
+    try:
+        check_model_language(language, engine.model_name, engine.multilingual)
+    except SessionError as exc:
+        engine.close()
+        raise ConfigError(f"[stream] language / --language: {exc}") from None
+    if language == AUTO_LANGUAGE and not engine.multilingual:
+        log.warning("the model %s is English-only: language auto is English", engine.model_name)
     return engine
 
 

@@ -240,6 +240,12 @@ class LiveStream:
                     if idle.done()
                     else None
                 )
+                if error is not None and not isinstance(error, SessionError | ConnectionClosed):
+                    # A bug in reading this client's input: it ends this stream as the rules
+                    # it broke would (finals, an `internal` error, 1011), never by leaving the
+                    # session open and holding its slot.
+                    log.error("session %s: reading its input failed", self.id, exc_info=error)
+                    error = SessionError("internal error")
                 if isinstance(error, SessionError) and self._done is not None:
                     # A rule broken once the stream was over (`done` on its way: audio sent
                     # right after `end`) changes nothing: `done`, then close 1000, never both
@@ -252,8 +258,6 @@ class LiveStream:
                     self._end_input()
                     await self.finished.wait()
                 elif reader.done():
-                    if error is not None and not isinstance(error, ConnectionClosed):
-                        raise error
                     if self._conn is conn:
                         self._detach()
                     return

@@ -23,6 +23,18 @@ AUTO_LANGUAGE = "auto"
 TASKS = ("transcribe", "translate")
 MIN_SAMPLE_RATE_HZ = 8_000
 MAX_SAMPLE_RATE_HZ = 192_000
+# The languages Whisper's multilingual models know (openai/whisper's tokenizer.LANGUAGES): a
+# code outside them is refused when the stream opens, not by the engine at its first decode.
+_WHISPER_CODES = (
+    "af am ar as az ba be bg bn bo br bs ca cs cy da de el en es et eu fa fi fo fr gl gu ha haw "
+    "he hi hr ht hu hy id is it ja jw ka kk km kn ko la lb ln lo lt lv mg mi mk ml mn mr ms mt my "
+    "ne nl nn no oc pa pl ps pt ro ru sa sd si sk sl sn so sq sr su sv sw ta te tg th tk tl tr tt "
+    "uk ur uz vi yi yo yue zh"
+)
+WHISPER_LANGUAGES = frozenset(_WHISPER_CODES.split())
+# Tags whose primary subtag Whisper spells otherwise: ISO 639-1 Javanese, BCP 47's Norwegian
+# Bokmål, and Hebrew's withdrawn code (still sent by Java and Android).
+_WHISPER_SPELLING = {"jv": "jw", "nb": "no", "iw": "he"}
 # A stream's prompt (names, terms): engines keep at most 111 tokens of it (engines.fit_prompt),
 # a few hundred characters in most scripts; longer text is a mistake, refused rather than cut.
 MAX_PROMPT_CHARS = 1_000
@@ -90,7 +102,7 @@ def parse_language(tag: str) -> tuple[str, str | None]:
 
 
 def check_language(tag: str) -> str:
-    """The Whisper language code (2 or 3 letters, lower case) of a language tag ("de", "en-US",
+    """The Whisper language code (one of `WHISPER_LANGUAGES`) of a language tag ("de", "en-US",
     "zh-TW": BCP 47's primary subtag), or "auto"."""
     if tag.lower() == AUTO_LANGUAGE:
         return AUTO_LANGUAGE
@@ -104,7 +116,24 @@ def check_language(tag: str) -> str:
         raise BadMessageError(
             f"language must be a language code (de, en-US, zh-TW) or 'auto', got {tag[:20]!r}"
         )
-    return primary.lower()
+    code = primary.lower()
+    code = _WHISPER_SPELLING.get(code, code)
+    if code not in WHISPER_LANGUAGES:
+        raise BadMessageError(
+            f"language {tag[:20]!r} is not one Whisper knows: use a code such as de, es, ja, "
+            "zh-TW (the list: README, Models and languages) or 'auto'"
+        )
+    return code
+
+
+def check_model_language(language: str, model_name: str, multilingual: bool) -> None:
+    """Refuse a language an English-only model cannot caption: it would decode the audio as
+    English, which for other speech is mostly nothing at all."""
+    if not multilingual and language not in ("en", AUTO_LANGUAGE):
+        raise BadMessageError(
+            f"the model {model_name} is English-only: language {language!r} needs a "
+            "multilingual model (captiond serve --model base)"
+        )
 
 
 def check_prompt(prompt: str, what: str = "prompt") -> str:

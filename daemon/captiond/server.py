@@ -59,6 +59,7 @@ from captiond.protocol import (
     Resumed,
     ResumeRequest,
     StreamParams,
+    check_model_language,
     parse_resume,
     parse_since,
 )
@@ -284,7 +285,7 @@ class Daemon:
             if endpoint is not None and endpoint.check_query_first:
                 query = Query(url.query)
                 try:
-                    endpoint.dialect(query).stream_params(self.config.stream.language)
+                    self._stream_params(endpoint.dialect(query))
                 except SessionError as exc:
                     self.metrics.refused.labels(reason="bad query").inc()
                     return connection.respond(http.HTTPStatus.BAD_REQUEST, f"{exc}\n")
@@ -344,7 +345,7 @@ class Daemon:
         if resume is not None:
             await self._take_back(conn, resume, dialect)
             return
-        params = dialect.stream_params(self.config.stream.language)
+        params = self._stream_params(dialect)
         key: ResumeKey | None = None
         token: str | None = None
         if resumable and self.config.server.resume_s > 0:
@@ -352,6 +353,12 @@ class Daemon:
         live = self._open_stream(conn, params, resume_key=key)
         ready = self._ready(live, token)
         await live.serve(conn, dialect, lambda _: ready)
+
+    def _stream_params(self, dialect: Dialect) -> StreamParams:
+        params = dialect.stream_params(self.config.stream.language)
+        engine = self.decoder.engine_info
+        check_model_language(params.language, engine.model_name, engine.multilingual)
+        return params
 
     def _open_stream(
         self,

@@ -53,7 +53,6 @@ What differs from OpenAI, and why:
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 from collections.abc import Mapping
 from itertools import count
@@ -151,7 +150,7 @@ class OpenAIRealtimeDialect:
             raise _Refused("missing_required_parameter", "Missing required parameter: 'audio'.")
         try:
             data = self._odd_byte + base64.b64decode(audio, validate=True)
-        except binascii.Error:
+        except ValueError:  # binascii.Error, or a string with characters outside ASCII
             raise _Refused("invalid_value", "Invalid 'audio': not base64.", "audio") from None
         whole = len(data) - len(data) % 2
         self._odd_byte = data[whole:]
