@@ -96,6 +96,7 @@ def test_cross_site_pages_are_refused(
         ("", {"Authorization": TOKEN}, 401),  # no scheme
         ("", {"Authorization": f"Basic {TOKEN}"}, 401),
         ("token=wrong", {"Authorization": f"Bearer {TOKEN}"}, 401),  # no outvoting
+        (f"token=wrong&token={TOKEN}", {}, 401),  # nor by a later ?token=
         (f"token={TOKEN}", {"Authorization": "Bearer wrong"}, 401),
         ("token=", {}, 401),
     ],
@@ -109,6 +110,66 @@ def test_token_rule_is_checked_before_the_upgrade(
             assert got == status
 
     run(scenario())
+
+
+async def _raw_request(port: int, request: bytes) -> bytes:
+    """What the daemon answers to `request` before it closes the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    answer = await asyncio.wait_for(reader.read(), 15)
+    writer.close()
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        (b"Origin: http://a.example\r\nOrigin: http://b.example\r\n", b"400"),
+        (b"Host: x\r\n", b"400"),  # a second Host
+        (b"Origin: http://[::1\r\n", b"403"),
+        (b"Authorization: Bearer s3cr\xc3\xa9\r\n", b"401"),
+        (b"Authorization: Bearer \xff\xfe\r\n", b"401"),
+        (b"Authorization: Bearer a\r\nAuthorization: Bearer " + TOKEN.encode() + b"\r\n", b"400"),
+    ],
+)
+def test_odd_headers_are_refused_with_a_status(
+    headers: bytes, status: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def scenario() -> bytes:
+        async with running_daemon(make_config(auth={"token": TOKEN})) as daemon:
+            request = b"GET /v1/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n" + headers + b"\r\n"
+            return await _raw_request(daemon.port, request)
+
+    answer = run(scenario())
+    assert answer.startswith(b"HTTP/1.1 " + status), answer[:80]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"POST /v1/stream HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n",
+        b"HEAD / HTTP/1.1\r\nHost: h\r\n\r\n",
+        b"GET / HTTP/1.0\r\n\r\n",
+        b"\x16\x03\x01 not http\r\n\r\n",
+        b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 9_000 + b"\r\n\r\n",
+    ],
+    ids=["POST", "HEAD", "HTTP/1.0", "not HTTP", "9-kB header"],
+)
+def test_malformed_requests_leave_no_traceback(
+    request_bytes: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """websockets closes them unanswered (it serves GET only); the daemon logs no ERROR, which
+    anyone could otherwise fill its log with, and goes on serving."""
+
+    async def scenario() -> Exchange:
+        async with running_daemon() as daemon:
+            await _raw_request(daemon.port, request_bytes)
+            return await stream_pcm(url(daemon), tone_bursts([1.0]))
+
+    honest = run(scenario())
+    assert honest.of("done")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 # -- holding slots ------------------------------------------------------------------------------

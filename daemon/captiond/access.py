@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hmac
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from captiond.errors import OriginNotAllowedError, UnauthorizedError
@@ -43,34 +43,32 @@ def check_origin(origin: str | None, host: str | None, allowed: tuple[str, ...])
 def _same_host(origin: str, host: str) -> bool:
     """The Origin names the host (and port) the request was sent to. A Host without a port
     (behind a reverse proxy on 80/443) matches on the name alone."""
-    parts = urlsplit(origin)
-    if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
-        return False  # "null" (sandboxed frames, file://) or garbage
-    target = urlsplit("//" + host)
-    if not target.hostname or parts.hostname != target.hostname.lower():
-        return False
     try:
+        parts = urlsplit(origin)
+        target = urlsplit("//" + host)
+        if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
+            return False  # "null" (sandboxed frames, file://) or garbage
+        if not target.hostname or parts.hostname != target.hostname.lower():
+            return False
         origin_port = parts.port or _DEFAULT_PORTS[parts.scheme]
         host_port = target.port
-    except ValueError:
+    except ValueError:  # "http://[::1": no URL at all
         return False
     return host_port is None or host_port == origin_port
 
 
 def check_token(
     token: str,
-    query: Mapping[str, str],
+    query_tokens: Sequence[str],
     authorization: str | None,
     schemes: tuple[str, ...] = ("bearer",),
 ) -> None:
     """Refuse a request without the configured token (no token configured: anyone).
-    `schemes` are the Authorization schemes an endpoint's clients use (lower case; "" is a
-    bare key, as AssemblyAI's SDK sends it)."""
+    `query_tokens` are every `?token=` given; `schemes` are the Authorization schemes an
+    endpoint's clients use (lower case; "" is a bare key, as AssemblyAI's SDK sends it)."""
     if not token:
         return
-    given: list[str] = []
-    if "token" in query:
-        given.append(query["token"])
+    given = list(query_tokens)
     if authorization is not None:
         scheme, _, credentials = authorization.strip().partition(" ")
         if not credentials.strip() and "" in schemes:
@@ -82,7 +80,8 @@ def check_token(
     if not given:
         raise UnauthorizedError("a token is required: Authorization: Bearer TOKEN, or ?token=")
     for candidate in given:
-        if not hmac.compare_digest(candidate.encode(), token.encode()):
+        # surrogateescape: header bytes that are not UTF-8 compare (unequal), never raise.
+        if not hmac.compare_digest(candidate.encode(errors="surrogateescape"), token.encode()):
             raise UnauthorizedError("wrong token")
 
 

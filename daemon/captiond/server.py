@@ -27,7 +27,8 @@ from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection
-from websockets.exceptions import ConnectionClosed
+from websockets.datastructures import MultipleValuesError
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.http11 import Request, Response
 from websockets.server import ServerProtocol
 
@@ -163,6 +164,7 @@ class Daemon:
     async def start(self) -> None:
         """Listen (a worker only takes connections handed to `adopt`) and start the sources."""
         cfg = self.config.server
+        logging.getLogger("websockets.server").addFilter(_quiet_client_faults)
         if self._journal is not None:
             self._journal.start()
         # websockets' documented way to a server with our own connection factory: a Server,
@@ -253,6 +255,16 @@ class Daemon:
     # -- HTTP side ---------------------------------------------------------------------------
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        try:
+            return self._answer_request(connection, request)
+        except MultipleValuesError as exc:
+            # Two Origin, Host or Authorization headers (…): refused, never one of them picked.
+            log.info("refused %s from %s: repeated header", request.path, connection.remote_address)
+            return connection.respond(
+                http.HTTPStatus.BAD_REQUEST, f"more than one {exc.args[0]} header\n"
+            )
+
+    def _answer_request(self, connection: ServerConnection, request: Request) -> Response | None:
         url = urlsplit(request.path)
         if url.path == "/healthz":
             return connection.respond(http.HTTPStatus.OK, "ok\n")
@@ -266,7 +278,7 @@ class Daemon:
                 )
                 check_token(
                     self.config.auth.token,
-                    Query(url.query),
+                    Query(url.query).every("token"),
                     request.headers.get("Authorization"),
                     endpoint.auth_schemes if endpoint else ("bearer",),
                 )
@@ -560,6 +572,21 @@ def _variant_from(value: object) -> str | None:
     """A journal header's Chinese variant; None (the daemon's) for one this version does not
     know, or a header written before variants were kept."""
     return value if isinstance(value, str) and (value == "" or value in VARIANTS) else None
+
+
+def _quiet_client_faults(record: logging.LogRecord) -> bool:
+    """websockets logs every failed opening handshake as an ERROR with its traceback, a
+    malformed request (POST, HTTP/1.0, an 8-kB header, not HTTP at all) too: anyone could fill
+    the log with them. A client's fault becomes one DEBUG line; our own (an exception in
+    `process_request`, answered 500) stays an ERROR."""
+    if record.msg != "opening handshake failed" or record.exc_info is None:
+        return True
+    exc = record.exc_info[1]
+    if not isinstance(exc, InvalidHandshake | EOFError | ConnectionError):
+        return True
+    cause = exc.__cause__ or exc.__context__
+    log.debug("refused a request: %s%s", exc, f" ({cause})" if cause else "")
+    return False
 
 
 def _peer(conn: ServerConnection) -> str:
