@@ -13,6 +13,7 @@ import hashlib
 import re
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -496,6 +497,28 @@ def test_a_finalize_is_recognised_within_the_resamplers_lag() -> None:
     assert not forced(1500)  # the VAD's, before the Finalize
     assert forced(1960)  # the flush, 40 ms behind
     assert not forced(2990)  # later audio's
+
+
+def test_a_finalize_flood_holds_no_memory() -> None:
+    """Finalize after Finalize with no speech (no final ever takes one back) once grew the
+    dialect by 80 bytes a message for as long as the stream lived."""
+    dialect = DeepgramDialect(Query("encoding=linear16&sample_rate=16000"))
+    dialect.stream_params("en")
+    sample = np.zeros(1, "<i2").tobytes()
+    tracemalloc.start()
+    try:
+        before_bytes = tracemalloc.get_traced_memory()[0]
+        for _ in range(20_000):
+            dialect.receive(sample)
+            dialect.receive('{"type": "Finalize"}')
+            dialect.receive('{"type": "Finalize"}')
+        grown_bytes = tracemalloc.get_traced_memory()[0] - before_bytes
+    finally:
+        tracemalloc.stop()
+    assert grown_bytes < 100_000
+    dialect.render(SpeechStopped(end_ms=1250))
+    (frame,) = dialect.render(Final(segment=0, start_ms=0, end_ms=1250, text="a"))
+    assert ListenV1Results.model_validate_json(frame).from_finalize is True, "the last one counts"
 
 
 @pytest.mark.parametrize("channels", ["0", "9", "two", "²", "9" * 5000])

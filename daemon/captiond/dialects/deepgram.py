@@ -138,6 +138,9 @@ class ListenOptions:
         )
 
 
+_MAX_FLUSHES = 64
+
+
 @dataclass(frozen=True, slots=True)
 class _Flush:
     """A Finalize (or CloseStream) the client sent when `at_ms` of audio had arrived."""
@@ -160,7 +163,9 @@ class DeepgramDialect:
         self._audio_sha256 = hashlib.sha256()
         self._partial_frame = b""  # bytes of a sample frame split across messages
         self._received_frames = 0
-        self._flushes: deque[_Flush] = deque()
+        # Bounded: a client flooding Finalize with no speech (no final pops one) would grow it
+        # for as long as the stream lives. Losing the oldest loses only a `from_finalize` flag.
+        self._flushes: deque[_Flush] = deque(maxlen=_MAX_FLUSHES)
         self._finalized_end_ms: set[int] = set()  # utterance ends forced by a Finalize
 
     def stream_params(self, default_language: str) -> StreamParams:
@@ -234,7 +239,12 @@ class DeepgramDialect:
     def _control(self, control: Control) -> Received:
         if control is not Control.KEEPALIVE:
             at_ms = self._received_frames * 1000 // self._rate_hz
-            self._flushes.append(_Flush(at_ms=at_ms, finalize=control is Control.FINALIZE))
+            finalize = control is Control.FINALIZE
+            if self._flushes and self._flushes[-1].at_ms == at_ms:
+                # No audio since the last one: it flushes nothing more, one entry serves both.
+                last = self._flushes.pop()
+                finalize = finalize or last.finalize
+            self._flushes.append(_Flush(at_ms=at_ms, finalize=finalize))
         return Received(control=control)
 
     def _schema_error(self, frame: str, description: str) -> Received:
