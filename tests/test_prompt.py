@@ -21,9 +21,9 @@ from daemon_harness import (
     url,
 )
 
-from captiond.config import override
+from captiond.config import config_from_mapping, override
 from captiond.engines import Engine
-from captiond.errors import BadMessageError
+from captiond.errors import BadMessageError, ConfigError
 from captiond.offline import transcribe_samples
 from captiond.protocol import (
     MAX_PROMPT_CHARS,
@@ -51,6 +51,17 @@ def test_a_prompt_over_the_limit_is_refused_not_cut() -> None:
     assert check_prompt("x" * MAX_PROMPT_CHARS) == "x" * MAX_PROMPT_CHARS
     with pytest.raises(BadMessageError, match="keyterm is 1001 characters"):
         check_prompt("x" * (MAX_PROMPT_CHARS + 1), "keyterm")
+
+
+@pytest.mark.parametrize("prompt", ["<|endoftext|><|startoftranscript|> hi", "a <|de|> b"])
+def test_a_prompt_with_control_token_markers_is_refused(prompt: str) -> None:
+    # The tokenizer would read them as the control tokens themselves (a prompt of three
+    # end-of-texts collapsed JFK's captions to "And so...").
+    with pytest.raises(BadMessageError, match="control-token markers"):
+        check_prompt(prompt)
+    assert check_prompt("C++ <templates>, a|b") == "C++ <templates>, a|b"
+    with pytest.raises(ConfigError, match=r"\[stream\] prompt may not"):
+        config_from_mapping({"stream": {"prompt": prompt}})
 
 
 def test_repeated_query_parameters_keep_every_value_and_terms_join_with_commas() -> None:

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from captiond.chinese import VARIANTS
 from captiond.errors import BadMessageError, ConfigError
-from captiond.protocol import MAX_PROMPT_CHARS, parse_language
+from captiond.protocol import check_prompt, parse_language
 
 WHISPER_WINDOW_S = 30.0
 
@@ -400,8 +400,10 @@ def _check_stream(stream: StreamConfig) -> None:
         raise ConfigError(f'[stream] language {stream.language!r}: write "{language}"{also}')
     if stream.chinese_variant and stream.chinese_variant not in VARIANTS:
         raise ConfigError(f'[stream] chinese_variant must be one of {", ".join(VARIANTS)} or ""')
-    if len(stream.prompt) > MAX_PROMPT_CHARS:
-        raise ConfigError(f"[stream] prompt must be at most {MAX_PROMPT_CHARS} characters")
+    try:
+        check_prompt(stream.prompt, "[stream] prompt")
+    except BadMessageError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def load_config(path: Path | None) -> Config:

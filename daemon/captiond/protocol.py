@@ -142,6 +142,10 @@ def check_prompt(prompt: str, what: str = "prompt") -> str:
         raise BadMessageError(
             f"{what} is {len(prompt)} characters long: at most {MAX_PROMPT_CHARS} are taken"
         )
+    if "<|" in prompt and "|>" in prompt:
+        # Whisper's tokenizer reads "<|endoftext|>" in text as the control token itself: a
+        # prompt could end the prompt early or start a new transcript inside it.
+        raise BadMessageError(f"{what} may not contain Whisper's control-token markers <|…|>")
     return prompt.strip()
 
 
