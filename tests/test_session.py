@@ -1153,11 +1153,14 @@ def test_punctuation_the_model_adds_to_the_context_is_not_part_of_the_next_final
     assert [f.text for f in driver.of(Final)] == ["出席できなかった", "顔に車を止めた。"]
 
 
-def test_a_language_change_starts_a_new_context() -> None:
+@pytest.mark.parametrize("stream", [StreamConfig(), NO_CONTEXT], ids=["context", "no context"])
+def test_a_language_change_starts_a_new_context(stream: StreamConfig) -> None:
     """The second utterance is detected with the first one's language as the hint, and its
-    decodes do not continue the first one's (German) text as their prefix."""
+    decodes do not continue the first one's (German) text, as their prefix or as their
+    prompt: with `context_s = 0` the prompt alone made Japanese after English come out in
+    English."""
     decoder, seen = detecting_decoder(["de", "fr"])
-    driver = Driver(decoder, params=StreamParams(language="auto"))
+    driver = Driver(decoder, params=StreamParams(language="auto"), stream=stream)
     driver.send(silence(0.3))
     driver.send(tone(2.0))
     driver.send(silence(1.0))
@@ -1172,6 +1175,24 @@ def test_a_language_change_starts_a_new_context() -> None:
     assert french and all(r.engine_request.prefix == " ".join(r.forced_words) for r in french), (
         "only the utterance's own stable words are forced, no German context"
     )
+    assert all(r.engine_request.prompt == "" for r in french), "no German prompt either"
+
+
+def test_a_decode_that_finds_a_new_language_after_the_old_ones_text_is_done_again() -> None:
+    """Without partials (`captiond transcribe`) an utterance's final is its first decode: it
+    detects the language with the text so far as its prompt. When that text is in another
+    language the result is thrown away and the final decoded again without it."""
+    decoder, _ = detecting_decoder(["de", "fr"])
+    driver = Driver(
+        decoder, partials=False, early_finals=False, params=StreamParams(language="auto")
+    )
+    driver.send(np.concatenate([silence(0.3), tone(2.0), silence(1.0), tone(2.0), silence(1.0)]))
+    driver.control(Control.END)
+    assert [f.language for f in driver.of(Final)] == ["de", "fr"]
+    second = [r.engine_request for r in driver.requests if r.utterance == 1]
+    assert [r.language for r in second] == [None, "fr"]
+    assert second[0].prefix or second[0].prompt, "the detecting decode had the German text"
+    assert (second[1].prefix, second[1].prompt) == ("", "")
 
 
 def test_fixed_language_and_translate_reach_the_engine() -> None:

@@ -59,10 +59,17 @@ class TranscriptContext:
         self.break_context()
 
     def break_context(self) -> None:
-        """Later decodes start at their utterance (a language change): what was committed so
-        far becomes prompt text."""
+        """Later decodes start at their utterance: what was committed so far becomes prompt
+        text."""
         self._older += [f.text for f in self._recent]
         self._recent.clear()
+
+    def start_over(self) -> None:
+        """A new language: nothing committed so far is a later decode's prefix or prompt.
+        Whisper conditioned on text in another language writes in that language (Japanese
+        speech after an English prompt came out as English text, labelled Japanese)."""
+        self._recent.clear()
+        self._older.clear()
 
     def remember(self, text: str) -> None:
         """Text committed before this context existed, whose audio is gone (a session resumed

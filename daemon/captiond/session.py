@@ -285,7 +285,13 @@ class StreamSession:
                 utt.speech_confirmed = True
             # A result without a language (the speech gate found no speech) decides nothing.
             if utt.language is None and result.language is not None:
-                self._decide_language(utt, result.language)
+                context = request.engine_request.prefix or request.engine_request.prompt
+                if self._decide_language(utt, result.language) and context:
+                    # Decoded after text in the other language, which Whisper goes on writing
+                    # in (Japanese speech came out as English): this decode is thrown away and
+                    # the next one, in the language now decided, has no such context.
+                    self._maybe_done()
+                    return
         new = "" if self._is_hallucination(request, result) else result.text.strip()
         unit_probs = result.unit_probs
         # In the reader's script before anything is shown, made stable or kept as context
@@ -543,13 +549,16 @@ class StreamSession:
         )
         return silent or sparse or result.compression_ratio > cfg.compression_ratio_threshold
 
-    def _decide_language(self, utt: _Utterance, language: str) -> None:
+    def _decide_language(self, utt: _Utterance, language: str) -> bool:
         """An utterance's language is decided by its first decode and never changes (no
         flapping within an utterance). One in another language than the conversation so far
-        does not continue its context: the forced prefix would be in the wrong language."""
+        does not continue its context: neither prefix nor prompt, both in the wrong language.
+        True when the language changed."""
         utt.language = language
         if self._language is not None and language != self._language:
-            self._context.break_context()
+            self._context.start_over()
+            return True
+        return False
 
     def _segment_of(self, utt: _Utterance) -> int:
         if utt.segment is None:
