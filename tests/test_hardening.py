@@ -338,14 +338,23 @@ _MASK = b"\x00\x00\x00\x00"  # a zero mask leaves the payload as it is
     ],
 )
 def test_transport_refusals_are_answered_with_our_error(
-    frame: bytes, code: str, close: int
+    frame: bytes, code: str, close: int, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async def scenario() -> Exchange:
-        async with running_daemon() as daemon:
-            return await _raw_frame(url(daemon), frame)
+    """The session is then held as a dropped one (its finals replayed on a resume); once it
+    expires, the log says the close code the client got, not 1006."""
+    config = make_config(server={"resume_s": 0.3, "drop_grace_s": 0.1})
 
-    ex = run(scenario())
+    async def scenario() -> Exchange:
+        async with running_daemon(config) as daemon:
+            ex = await _raw_frame(url(daemon), frame)
+            await asyncio.sleep(1.0)  # the session expires and is logged
+            return ex
+
+    with caplog.at_level(logging.INFO, logger="captiond.server"):
+        ex = run(scenario())
     assert [e["code"] for e in ex.of("error")] == [code] and ex.close_code == close
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("session ")]
+    assert line.endswith(f"close={close}")
 
 
 def test_frames_after_end_get_their_error_after_every_final() -> None:

@@ -128,6 +128,9 @@ class LiveStream:
         self.error: SessionError | None = None  # why the input ended early: sent after finals
         self.close_code = CLOSE_NORMAL
         self.detached_at_s: float | None = None  # loop time the last connection dropped
+        # The close code websockets sent when it refused the last connection's frame (invalid
+        # UTF-8, bad framing, too large): that drop was the client's fault, and says so.
+        self._refused_code: int | None = None
         self.finished = asyncio.Event()  # the pump is done: every final is out
         self.released = asyncio.Event()  # nobody can take the session back any more
         self._conn: ServerConnection | None = None
@@ -161,7 +164,9 @@ class LiveStream:
         """The close code the session ended with (journal, log)."""
         if self.error is not None:
             return close_code_for(self.error)  # the journal and the log speak protocol v1
-        return CLOSE_DROPPED if self.detached_at_s is not None else self.close_code
+        if self.detached_at_s is not None:
+            return self._refused_code or CLOSE_DROPPED
+        return self.close_code
 
     def end_for_shutdown(self) -> None:
         """The daemon is stopping: end the input now; the finals still come, then the
@@ -220,6 +225,7 @@ class LiveStream:
                 self._conn = conn
                 # Again: a connection taken over may have detached (and set them) meanwhile.
                 self.detached_at_s = None
+                self._refused_code = None
                 self._cancel_timers()
                 replay = self.held.replay(since) if resume else []
                 self._dialect = dialect
@@ -259,6 +265,9 @@ class LiveStream:
                     await self.finished.wait()
                 elif reader.done():
                     if self._conn is conn:
+                        sent = error.sent if isinstance(error, ConnectionClosed) else None
+                        if sent is not None and sent.code in _TRANSPORT_ERRORS:
+                            self._refused_code = sent.code
                         self._detach()
                     return
             finally:
