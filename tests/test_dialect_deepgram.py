@@ -448,6 +448,22 @@ def render_final(query: dict[str, str], text: str) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.parametrize("language", ["multi", "de"])
+def test_language_multi_names_the_language_detected(language: str) -> None:
+    dialect = DeepgramDialect(Query(urlencode({**LINEAR16, "language": language})))
+    dialect.stream_params("en")
+    (frame,) = dialect.render(
+        Final(segment=0, start_ms=0, end_ms=900, text="Guten Tag.", language="de")
+    )
+    alternative = ListenV1Results.model_validate_json(frame).channel.alternatives[0]
+    if language == "multi":
+        assert alternative.languages == ["de"]
+        assert [w.language for w in alternative.words] == ["de", "de"]
+    else:  # as Deepgram: only with language=multi
+        assert alternative.languages is None
+        assert {w.language for w in alternative.words} == {None}
+
+
 def test_words_without_punctuate_are_plain_and_their_times_interpolated() -> None:
     plain = render_final({}, " Hello, world! Don't.")["channel"]["alternatives"][0]
     assert plain["transcript"] == "hello world don't"

@@ -167,6 +167,7 @@ class DeepgramDialect:
         # for as long as the stream lives. Losing the oldest loses only a `from_finalize` flag.
         self._flushes: deque[_Flush] = deque(maxlen=_MAX_FLUSHES)
         self._finalized_end_ms: set[int] = set()  # utterance ends forced by a Finalize
+        self._multi = False  # language=multi: results name the language detected
 
     def stream_params(self, default_language: str) -> StreamParams:
         query = self._query
@@ -184,7 +185,8 @@ class DeepgramDialect:
         if _flag(query, "multichannel"):
             raise BadMessageError("multichannel=true is not supported: channels are mixed to one")
         language = query.get("language", default_language)
-        language = "auto" if language == "multi" else language  # zh-TW: traditional Chinese
+        self._multi = language == "multi"
+        language = "auto" if self._multi else language  # zh-TW: traditional Chinese
         params = parse_stream_params(
             {"encoding": "pcm_s16le", "sample_rate": query["sample_rate"], "language": language},
             default_language,
@@ -276,7 +278,7 @@ class DeepgramDialect:
             self._model_uuid = str(uuid.uuid5(uuid.NAMESPACE_URL, key))
         elif isinstance(message, Partial) and opts.interim_results:
             text = f"{message.stable} {message.unstable}"
-            return [self._results(message.start_ms, message.end_ms, text, final=False)]
+            return [self._results(message, text, final=False)]
         elif isinstance(message, SpeechStarted) and opts.vad_events:
             started = {
                 "type": "SpeechStarted",
@@ -289,7 +291,7 @@ class DeepgramDialect:
         elif isinstance(message, Final):
             forced = message.end_ms in self._finalized_end_ms
             self._finalized_end_ms.discard(message.end_ms)
-            frames = [self._results(message.start_ms, message.end_ms, message.text, True, forced)]
+            frames = [self._results(message, message.text, final=True, forced=forced)]
             if opts.utterance_end and message.text.strip() and not forced:
                 end = {"type": "UtteranceEnd", "channel": [0, 1]}
                 frames.append(_json({**end, "last_word_end": _seconds(message.end_ms)}))
@@ -317,9 +319,13 @@ class DeepgramDialect:
                 self._finalized_end_ms.add(end_ms)
 
     def _results(
-        self, start_ms: int, end_ms: int, text: str, final: bool, forced: bool = False
+        self, message: Partial | Final, text: str, *, final: bool, forced: bool = False
     ) -> str:
+        start_ms, end_ms = message.start_ms, message.end_ms
         punctuate = self._options.punctuate
+        # Deepgram names the detected language with language=multi only: every word's, and
+        # the alternative's (by word count; here one per segment).
+        language = {"language": message.language} if self._multi and message.language else {}
         # Units, not space-separated words: a Chinese or Japanese sentence has no spaces, and
         # each of its characters is a word here (text.py).
         tokens = units(text)
@@ -334,11 +340,17 @@ class DeepgramDialect:
                 "end": _seconds(bounds_ms[i + 1]),
                 "confidence": 1.0,
                 **({"punctuated_word": token} if punctuate else {}),
+                **language,
             }
             for i, (plain, token) in enumerate(words)
         ]
         transcript = join_units(tokens) if punctuate else join_units([p for p, _ in words])
-        alternative = {"transcript": transcript, "confidence": 1.0 if words else 0.0}
+        alternative: dict[str, object] = {
+            "transcript": transcript,
+            "confidence": 1.0 if words else 0.0,
+        }
+        if language:
+            alternative["languages"] = [message.language] if words else []
         return _json(
             {
                 "type": "Results",
