@@ -1195,6 +1195,36 @@ def test_a_decode_that_finds_a_new_language_after_the_old_ones_text_is_done_agai
     assert (second[1].prefix, second[1].prompt) == ("", "")
 
 
+def test_an_utterance_the_first_second_does_not_tell_is_detected_on_more_audio() -> None:
+    """After a Spanish utterance, one second of English kept Spanish (short of the switch's
+    probability) but without being sure of it: nothing is shown in Spanish, and the decision
+    waits for `language_detect_s` of the utterance, which tells English."""
+
+    def decode(request: EngineRequest) -> EngineResult:
+        result = fake_decoder()(request)
+        heard_s = (len(request.audio) - request.detect_from_sample) / RATE
+        if request.language is not None:
+            language, probability = request.language, 1.0
+        elif request.language_hint is None:
+            language, probability = "es", 0.95
+        else:
+            language, probability = ("es", 0.3) if heard_s < 2.0 else ("en", 0.9)
+        return dataclasses.replace(result, language=language, language_probability=probability)
+
+    driver = Driver(decode, params=StreamParams(language="auto"))
+    driver.send(np.concatenate([silence(0.3), tone(3.5), silence(1.0), tone(5.0), silence(1.0)]))
+    driver.control(Control.END)
+    assert [f.language for f in driver.of(Final)] == ["es", "en"]
+    second = [p for p in driver.of(Partial) if p.segment == 1]
+    assert second and {p.language for p in second} == {"en"}, "no partial in Spanish"
+    detecting = [
+        r for r in driver.requests if r.utterance == 1 and r.engine_request.language is None
+    ]
+    assert [r.kind for r in detecting] == [DecodeKind.PARTIAL, DecodeKind.PARTIAL]
+    heard_s = [(r.end_sample - r.start_sample) / RATE for r in detecting]
+    assert heard_s[0] < 2.0 <= 3.0 <= heard_s[1]
+
+
 def test_fixed_language_and_translate_reach_the_engine() -> None:
     decoder, seen = detecting_decoder(["es"])
     driver = Driver(decoder, params=StreamParams(language="es", task="translate"))

@@ -75,6 +75,11 @@ _PAUSE_MS = 150
 # Audio an utterance's language is detected on once the session has a language to fall back
 # on (`language_detect_s` before that).
 _HINTED_DETECT_MS = 1_000
+# Below this probability of the session's language, 1 s of an utterance does not decide it:
+# the detection waits for `language_detect_s` of audio. One second of English after Spanish
+# was heard as Spanish (English short of the switch's 0.7), and the whole eight-second
+# sentence was then decoded as Spanish: translated.
+_SURE_SAME_LANGUAGE = 0.5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,6 +139,7 @@ class _Utterance:
     # An early final's answer, kept until the endpoint: its request and the text decoded.
     early: tuple[DecodeRequest, str] | None = None
     language: str | None = None  # decided once per utterance (with ?language=auto: detected)
+    detect_longer: bool = False  # 1 s did not tell its language: detected on more audio
     chinese_variant: str = ""  # the stream's when the utterance began ("": as Whisper writes)
     agreement: LocalAgreement = field(default_factory=LocalAgreement)
 
@@ -285,6 +291,10 @@ class StreamSession:
                 utt.speech_confirmed = True
             # A result without a language (the speech gate found no speech) decides nothing.
             if utt.language is None and result.language is not None:
+                if self._unsure_of_language(utt, request, result):
+                    utt.detect_longer = True  # and this partial, in a doubtful language, unseen
+                    self._maybe_done()
+                    return
                 context = request.engine_request.prefix or request.engine_request.prompt
                 if self._decide_language(utt, result.language) and context:
                     # Decoded after text in the other language, which Whisper goes on writing
@@ -443,10 +453,10 @@ class StreamSession:
                 self._open = None
                 self._outbox.append(SpeechStopped(end_ms=samples_to_ms(event.end_sample)))
 
-    @property
-    def _detect_samples_now(self) -> int:
+    def _detect_samples_of(self, utt: _Utterance) -> int:
         """Audio an utterance needs before its language is decided (see StreamConfig)."""
-        return self._detect_hinted_samples if self._language else self._detect_samples
+        hinted = self._language is not None and not utt.detect_longer
+        return self._detect_hinted_samples if hinted else self._detect_samples
 
     def _early_final_due(self) -> int | None:
         """The audio end of the early final to ask for now: the open utterance has been silent
@@ -469,7 +479,7 @@ class StreamSession:
         end = self._buffer.end_sample
         if end - utt.start_sample > self._partial_limit_samples:
             return False
-        if utt.language is None and end - utt.start_sample < self._detect_samples_now:
+        if utt.language is None and end - utt.start_sample < self._detect_samples_of(utt):
             return False  # too little audio to tell its language: no partial yet
         since = end - max(utt.partial_end_sample, utt.start_sample)
         return since >= self._partial_interval_samples
@@ -548,6 +558,22 @@ class StreamSession:
             and result.avg_logprob < cfg.sparse_logprob_threshold
         )
         return silent or sparse or result.compression_ratio > cfg.compression_ratio_threshold
+
+    def _unsure_of_language(
+        self, utt: _Utterance, request: DecodeRequest, result: EngineResult
+    ) -> bool:
+        """A partial's detection on the first second of an utterance kept the session's
+        language without being sure of it: a final decides in any case, and so does a partial
+        on `language_detect_s` of audio."""
+        return (
+            request.kind is DecodeKind.PARTIAL
+            and self._params.auto_language
+            and self._language is not None
+            and not utt.detect_longer
+            and result.language == self._language
+            and result.language_probability < _SURE_SAME_LANGUAGE
+            and request.end_sample - utt.start_sample < self._detect_samples
+        )
 
     def _decide_language(self, utt: _Utterance, language: str) -> bool:
         """An utterance's language is decided by its first decode and never changes (no
