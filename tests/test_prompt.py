@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from conftest import read_wav_int16
 from daemon_harness import (
+    Exchange,
     RecordingEngine,
     make_config,
     running_daemon,
@@ -51,6 +52,24 @@ def test_a_prompt_over_the_limit_is_refused_not_cut() -> None:
     assert check_prompt("x" * MAX_PROMPT_CHARS) == "x" * MAX_PROMPT_CHARS
     with pytest.raises(BadMessageError, match="keyterm is 1001 characters"):
         check_prompt("x" * (MAX_PROMPT_CHARS + 1), "keyterm")
+
+
+def test_a_prompt_of_the_most_characters_fits_the_request_line_in_any_script() -> None:
+    """1,000 characters of four UTF-8 bytes each are 12 kB URL-encoded: over websockets' 8-kB
+    request line, which once cut such a request off unanswered."""
+    longest = "𠀋" * MAX_PROMPT_CHARS
+    engine = RecordingEngine()
+    burst = tone_bursts([1.0])
+
+    async def scenario() -> tuple[Exchange, Exchange]:
+        async with running_daemon(engine=engine) as daemon:
+            fits = await stream_pcm(url(daemon, query=f"prompt={quote(longest)}"), burst)
+            over = await stream_pcm(url(daemon, query=f"prompt={quote(longest + '𠀋')}"), burst)
+            return fits, over
+
+    fits, over = asyncio.run(scenario())
+    assert fits.of("done") and set(engine.prompts) == {longest}
+    assert over.of("error")[0]["code"] == "bad_message" and over.close_code == 1008
 
 
 @pytest.mark.parametrize("prompt", ["<|endoftext|><|startoftranscript|> hi", "a <|de|> b"])

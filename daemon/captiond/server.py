@@ -26,6 +26,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
+import websockets.http11
 from websockets.asyncio.server import Server, ServerConnection
 from websockets.datastructures import MultipleValuesError
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
@@ -87,6 +88,10 @@ _MAX_QUEUE_FRAMES = 4
 _CLOSE_TIMEOUT_S = 2.0
 # How long the opening handshake (TLS included) may take.
 _OPEN_TIMEOUT_S = 10.0
+# The longest request line websockets reads (its WEBSOCKETS_MAX_LINE_LENGTH, 8 KiB unless
+# set, read at each request): a `?prompt=` of MAX_PROMPT_CHARS in a script of 3- or 4-byte
+# characters is 9-12 kB URL-encoded, and was cut off there unanswered.
+websockets.http11.MAX_LINE_LENGTH = max(websockets.http11.MAX_LINE_LENGTH, 16 * 1024)
 # Websocket keepalive pings, and how long a pong may take before the connection is dropped.
 _PING_INTERVAL_S = 20.0
 _PING_TIMEOUT_S = 20.0
