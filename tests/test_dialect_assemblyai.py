@@ -224,9 +224,9 @@ def test_keyterms_prompt_every_decode_and_an_update_replaces_them() -> None:
     recorder = asyncio.run(main())
     assert not recorder.of(StreamingError)
     assert len([t for t in recorder.of(TurnEvent) if t.end_of_turn]) == 2
-    first = engine.prompts.index("Kubernetes")
-    assert set(engine.prompts[:first]) == {"Grafana, customer service"}
-    assert set(engine.prompts[first:]) == {"Kubernetes"}
+    first = engine.prompts.index("Kubernetes.")
+    assert set(engine.prompts[:first]) == {"Grafana, customer service."}
+    assert set(engine.prompts[first:]) == {"Kubernetes."}
 
 
 # -- auth and errors -----------------------------------------------------------------------------
@@ -375,7 +375,7 @@ def test_update_configuration_and_query_parameters() -> None:
     assert several.language == "auto"
     assert params.prompt is None
     terms = AssemblyAIDialect({"keyterms_prompt": '["Grafana", " Dr. Okafor "]'})
-    assert terms.stream_params("en").prompt == "Grafana, Dr. Okafor"
+    assert terms.stream_params("en").prompt == "Grafana, Dr. Okafor."
     update = {"type": "UpdateConfiguration", "format_turns": True, "language_codes": ["fr"]}
     with pytest.raises(BadMessageError, match="keyterms_prompt"):  # refused whole
         dialect.receive(json.dumps({**update, "keyterms_prompt": "Grafana"}))

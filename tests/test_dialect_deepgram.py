@@ -404,9 +404,9 @@ def test_keyterms_prompt_every_decode_and_configure_replaces_them() -> None:
     (success,) = run.of(ListenV1ConfigureSuccess)
     assert success.keyterms == ["Kubernetes"]
     assert len(run.finals) == 2 and run.close_code == 1000
-    first = engine.prompts.index("Kubernetes")
-    assert set(engine.prompts[:first]) == {"Grafana, customer service"}
-    assert set(engine.prompts[first:]) == {"Kubernetes"}
+    first = engine.prompts.index("Kubernetes.")
+    assert set(engine.prompts[:first]) == {"Grafana, customer service."}
+    assert set(engine.prompts[first:]) == {"Kubernetes."}
 
 
 @pytest.mark.parametrize(

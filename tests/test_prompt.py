@@ -87,7 +87,9 @@ def test_repeated_query_parameters_keep_every_value_and_terms_join_with_commas()
     query = Query("keyterm=Grafana&keyterm=customer+service&keyterm=+&sample_rate=16000")
     assert query["keyterm"] == " " and query["sample_rate"] == "16000"
     assert query.every("keyterm") == ["Grafana", "customer service", " "]
-    assert prompt_of_terms(query.every("keyterm")) == "Grafana, customer service"
+    assert prompt_of_terms(query.every("keyterm")) == "Grafana, customer service."
+    assert prompt_of_terms(["Dr. Lindqvist", "C++"]) == "Dr. Lindqvist, C++"
+    assert prompt_of_terms(["  "]) == ""
 
 
 def test_every_decode_carries_the_client_prompt_or_else_the_daemons() -> None:

@@ -151,8 +151,13 @@ def check_prompt(prompt: str, what: str = "prompt") -> str:
 
 def prompt_of_terms(terms: Sequence[str], what: str = "key terms") -> str:
     """Key terms (Deepgram's `keyterm`, AssemblyAI's `keyterms_prompt`) as one prompt, the way
-    Whisper reads a list in its previous text: comma-separated."""
-    return check_prompt(", ".join(t.strip() for t in terms if t.strip()), what)
+    Whisper reads a list in its previous text: comma-separated, ended with a full stop.
+    Whisper imitates its prompt's style, and the app cannot write it: JFK with the prompt
+    "Kennedy" came out without a full stop or a capital, with "Kennedy." as written."""
+    listed = ", ".join(t.strip() for t in terms if t.strip())
+    if listed and listed[-1].isalnum():
+        listed += "."
+    return check_prompt(listed, what)
 
 
 class Query(dict[str, str]):
