@@ -344,16 +344,22 @@ def test_transport_refusals_are_answered_with_our_error(
     expires, the log says the close code the client got, not 1006."""
     config = make_config(server={"resume_s": 0.3, "drop_grace_s": 0.1})
 
+    def session_lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("session ")]
+
     async def scenario() -> Exchange:
         async with running_daemon(config) as daemon:
             ex = await _raw_frame(url(daemon), frame)
-            await asyncio.sleep(1.0)  # the session expires and is logged
+            for _ in range(300):  # until the session expires and is logged
+                if session_lines():
+                    break
+                await asyncio.sleep(0.1)
             return ex
 
     with caplog.at_level(logging.INFO, logger="captiond.server"):
         ex = run(scenario())
     assert [e["code"] for e in ex.of("error")] == [code] and ex.close_code == close
-    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("session ")]
+    (line,) = session_lines()
     assert line.endswith(f"close={close}")
 
 
