@@ -211,7 +211,7 @@ def test_the_prompt_option_sets_the_daemons_default_prompt() -> None:
     )
     assert 'prompt = "Philip Steels, Grafana"' in run.stdout
     too_long = subprocess.run([*serve, "x" * 1001], capture_output=True, text=True, timeout=60)
-    assert too_long.returncode == 2 and "[stream] prompt must be at most 1000" in too_long.stderr
+    assert too_long.returncode == 2 and "[stream] prompt is 1001 characters long" in too_long.stderr
 
 
 def test_transcribe_explains_a_file_it_cannot_read(tmp_path: Path) -> None:
