@@ -41,17 +41,19 @@ class LoudnessVad:
 
 class RecordingEngine(FakeEngine):
     """The fake engine, noting the language, task and stream prompt of every request it
-    decodes."""
+    decodes; multilingual unless told otherwise (streams of an English-only model are refused
+    other languages)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, multilingual: bool = True) -> None:
         super().__init__()
+        self._multilingual = multilingual
         self.languages: list[str | None] = []
         self.tasks: list[str] = []
         self.prompts: list[str] = []
 
     @property
     def multilingual(self) -> bool:
-        return True  # streams may ask for any language (an English-only model is refused them)
+        return self._multilingual
 
     def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
         self.languages += [r.language for r in requests]

@@ -367,6 +367,16 @@ def test_the_words_of_a_chinese_turn_are_its_characters() -> None:
     assert [w["text"] for w in formatted["words"]][-1] == "码。"
 
 
+def test_an_english_only_model_refuses_an_update_to_another_language() -> None:
+    dialect = AssemblyAIDialect({"sample_rate": "16000"})
+    dialect.stream_params("en", "tiny.en")
+    update = {"type": "UpdateConfiguration", "language_codes": ["es"]}
+    with pytest.raises(BadMessageError, match=r"tiny\.en is English-only"):
+        dialect.receive(json.dumps(update))
+    english = dialect.receive(json.dumps({**update, "language_codes": ["en"]}))
+    assert english.language == "en"
+
+
 def test_update_configuration_and_query_parameters() -> None:
     dialect = AssemblyAIDialect({"sample_rate": "48000", "language_codes": '["de"]'})
     params = dialect.stream_params("en")

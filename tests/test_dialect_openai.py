@@ -338,6 +338,26 @@ def test_session_update_switches_the_language() -> None:
     assert engine.languages and set(engine.languages) == {"de"}, "a refused update changed it"
 
 
+def test_an_english_only_model_refuses_a_session_update_to_another_language() -> None:
+    """The fake engine is English-only, as tiny.en: German would decode to nothing. The update
+    gets OpenAI's error, as a bad value does, and the session goes on in English."""
+    engine = RecordingEngine(multilingual=False)
+
+    def scenario(port: int) -> Any:
+        with transcription(port) as conn:
+            conn.session.update(session=session_with(transcription={"language": "de"}))
+            refused = conn.recv()
+            append(conn, BURST)
+            conn.input_audio_buffer.commit()
+            read_until(conn, completions(1))
+            return refused
+
+    refused = run(scenario, engine=engine)
+    assert refused.type == "error" and refused.error.code == "invalid_value"
+    assert "English-only" in refused.error.message
+    assert engine.languages and set(engine.languages) == {"en"}
+
+
 def test_session_update_sets_the_prompt_and_a_refused_one_changes_nothing() -> None:
     engine = RecordingEngine()
     terms = "Kubernetes, Grafana"

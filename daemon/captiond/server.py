@@ -372,8 +372,9 @@ class Daemon:
         await live.serve(conn, dialect, lambda _: ready)
 
     def _stream_params(self, dialect: Dialect) -> StreamParams:
-        params = dialect.stream_params(self.config.stream.language)
         engine = self.decoder.engine_info
+        english_only = "" if engine.multilingual else engine.model_name
+        params = dialect.stream_params(self.config.stream.language, english_only)
         check_model_language(params.language, engine.model_name, engine.multilingual)
         return params
 

@@ -37,9 +37,11 @@ class Dialect(Protocol):
     # Text frames longer than this are refused before they are parsed (bad_message).
     max_text_bytes: int
 
-    def stream_params(self, default_language: str) -> StreamParams:
+    def stream_params(self, default_language: str, english_only: str = "") -> StreamParams:
         """The stream's audio format and language from the query string; raises a
-        SessionError for one the protocol refuses."""
+        SessionError for one the protocol refuses. `english_only` names the model when it
+        captions English only: a session update to another language is then refused, as the
+        protocol refuses a bad update."""
         ...
 
     def receive(self, frame: str | bytes) -> Received:

@@ -56,6 +56,7 @@ from captiond.protocol import (
     SpeechStarted,
     StreamParams,
     check_language,
+    check_model_language,
     parse_stream_params,
     prompt_of_terms,
 )
@@ -102,11 +103,13 @@ class AssemblyAIDialect:
         self._began_s = 0.0
         self._format_turns = False
         self._language_detection = False
+        self._english_only = ""  # the model's name when it captions English only
         self._turns: dict[int, _Turn] = {}  # by segment: turns not ended yet
 
     # -- client → daemon ---------------------------------------------------------------------
 
-    def stream_params(self, default_language: str) -> StreamParams:
+    def stream_params(self, default_language: str, english_only: str = "") -> StreamParams:
+        self._english_only = english_only
         query = self._query
         self._format_turns = _flag(query, "format_turns")
         self._language_detection = _flag(query, "language_detection")
@@ -152,6 +155,8 @@ class AssemblyAIDialect:
             raise BadMessageError("Invalid Message: format_turns must be true or false")
         codes, keyterms = message.get("language_codes"), message.get("keyterms_prompt")
         language = None if codes is None else _language_of(codes)
+        if language is not None:
+            check_model_language(language, self._english_only, not self._english_only)
         prompt = None if keyterms is None else _prompt_of(keyterms)
         if format_turns is not None:
             self._format_turns = format_turns

@@ -169,7 +169,7 @@ class DeepgramDialect:
         self._finalized_end_ms: set[int] = set()  # utterance ends forced by a Finalize
         self._multi = False  # language=multi: results name the language detected
 
-    def stream_params(self, default_language: str) -> StreamParams:
+    def stream_params(self, default_language: str, english_only: str = "") -> StreamParams:
         query = self._query
         encoding = query.get("encoding")
         if encoding != "linear16":

@@ -20,7 +20,7 @@ class NativeDialect:
     def __init__(self, query: Mapping[str, str]) -> None:
         self._query = query
 
-    def stream_params(self, default_language: str) -> StreamParams:
+    def stream_params(self, default_language: str, english_only: str = "") -> StreamParams:
         return parse_stream_params(self._query, default_language)
 
     def receive(self, frame: str | bytes) -> Received:

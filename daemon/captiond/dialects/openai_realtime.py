@@ -71,6 +71,7 @@ from captiond.protocol import (
     SpeechStopped,
     StreamParams,
     check_language,
+    check_model_language,
     check_prompt,
 )
 
@@ -98,6 +99,7 @@ class OpenAIRealtimeDialect:
         self._session = ""  # from Ready
         self._model = ""
         self._language = ""
+        self._english_only = ""  # the model's name when it captions English only
         self._prompt = ""
         self._server_vad = True
         self._event_ids = count()
@@ -106,7 +108,8 @@ class OpenAIRealtimeDialect:
         self._last_item: str | None = None  # the item committed last
         self._sent: dict[int, str] = {}  # per open segment: its text sent as deltas so far
 
-    def stream_params(self, default_language: str) -> StreamParams:
+    def stream_params(self, default_language: str, english_only: str = "") -> StreamParams:
+        self._english_only = english_only
         if self._intent != "transcription":
             raise BadMessageError(
                 "only transcription sessions are served: use ?intent=transcription"
@@ -169,7 +172,7 @@ class OpenAIRealtimeDialect:
         if "turn_detection" in audio_input:
             server_vad = _is_server_vad(audio_input["turn_detection"])
         transcription = _field(audio_input.get("transcription"), f"{param}.transcription")
-        language = _language(transcription)
+        language = _language(transcription, self._english_only)
         prompt = _prompt(transcription)
         self._server_vad = server_vad
         self._language = language or self._language
@@ -333,14 +336,15 @@ def _prompt(transcription: dict[str, Any]) -> str | None:
         raise _Refused("string_above_max_length", str(exc), param) from None
 
 
-def _language(transcription: dict[str, Any]) -> str | None:
+def _language(transcription: dict[str, Any], english_only: str) -> str | None:
     """The language to decode in from now on (null, "" or absent: unchanged), as the client
-    wrote it: a tag such as "zh-TW" also names the script of Chinese (session.set_language)."""
+    wrote it: a tag such as "zh-TW" also names the script of Chinese (session.set_language).
+    `english_only`: the model's name when it captions English only."""
     if not transcription.get("language"):
         return None
     language = str(transcription["language"])
     try:
-        check_language(language)
+        check_model_language(check_language(language), english_only, not english_only)
         return language
     except SessionError as exc:
         param = "session.audio.input.transcription.language"
