@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from captiond.config import Config, config_from_mapping, dump_toml, load_config, override
-from captiond.engines import ENGINE_NAMES, Engine, load_engine
+from captiond.engines import ENGINE_NAMES, Engine, EngineInfo, load_engine
 from captiond.errors import CaptiondError, ConfigError, SessionError
 from captiond.loop import run as run_loop
 from captiond.protocol import AUTO_LANGUAGE, check_model_language, parse_language
@@ -83,6 +83,15 @@ def _config_from(args: argparse.Namespace) -> Config:
 def _load_warm_engine(config: Config) -> Engine:
     started = time.monotonic()
     engine = load_engine(config.engine)
+    # Before the warm-up: a language the model cannot caption is refused without waiting.
+    english_only = EngineInfo.of(engine).english_only
+    try:
+        check_model_language(config.stream.language, english_only)
+    except SessionError as exc:
+        engine.close()
+        raise ConfigError(f"[stream] language / --language: {exc}") from None
+    if config.stream.language == AUTO_LANGUAGE and english_only:
+        log.warning("the model %s is English-only: language auto is English", english_only)
     engine.warmup()
     log.info(
         "engine %s (model %s) loaded and warmed up in %.1f s",
@@ -90,14 +99,6 @@ def _load_warm_engine(config: Config) -> Engine:
         engine.model_name,
         time.monotonic() - started,
     )
-    language = config.stream.language
-    try:
-        check_model_language(language, engine.model_name, engine.multilingual)
-    except SessionError as exc:
-        engine.close()
-        raise ConfigError(f"[stream] language / --language: {exc}") from None
-    if language == AUTO_LANGUAGE and not engine.multilingual:
-        log.warning("the model %s is English-only: language auto is English", engine.model_name)
     return engine
 
 

@@ -126,12 +126,13 @@ def check_language(tag: str) -> str:
     return code
 
 
-def check_model_language(language: str, model_name: str, multilingual: bool) -> None:
-    """Refuse a language an English-only model cannot caption: it would decode the audio as
-    English, which for other speech is mostly nothing at all."""
-    if not multilingual and language not in ("en", AUTO_LANGUAGE):
+def check_model_language(language: str, english_only: str) -> None:
+    """Refuse a language an English-only model cannot caption (`english_only`: the model's
+    name when it captions English only, "" when it knows every language): it would decode
+    the audio as English, which for other speech is mostly nothing at all."""
+    if english_only and language not in ("en", AUTO_LANGUAGE):
         raise BadMessageError(
-            f"the model {model_name} is English-only: language {language!r} needs a "
+            f"the model {english_only} is English-only: language {language!r} needs a "
             "multilingual model (captiond serve --model base)"
         )
 

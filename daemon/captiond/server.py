@@ -372,10 +372,9 @@ class Daemon:
         await live.serve(conn, dialect, lambda _: ready)
 
     def _stream_params(self, dialect: Dialect) -> StreamParams:
-        engine = self.decoder.engine_info
-        english_only = "" if engine.multilingual else engine.model_name
+        english_only = self.decoder.engine_info.english_only
         params = dialect.stream_params(self.config.stream.language, english_only)
-        check_model_language(params.language, engine.model_name, engine.multilingual)
+        check_model_language(params.language, english_only)
         return params
 
     def _open_stream(

@@ -290,18 +290,15 @@ class StreamSession:
             if result.text.strip():
                 utt.speech_confirmed = True
             # A result without a language (the speech gate found no speech) decides nothing.
-            if utt.language is None and result.language is not None:
-                if self._unsure_of_language(utt, request, result):
-                    utt.detect_longer = True  # and this partial, in a doubtful language, unseen
-                    self._maybe_done()
-                    return
-                context = request.engine_request.prefix or request.engine_request.prompt
-                if self._decide_language(utt, result.language) and context:
-                    # Decoded after text in the other language, which Whisper goes on writing
-                    # in (Japanese speech came out as English): this decode is thrown away and
-                    # the next one, in the language now decided, has no such context.
-                    self._maybe_done()
-                    return
+            if (
+                utt.language is None
+                and result.language is not None
+                and not self._take_language(
+                    utt, request, result.language, result.language_probability
+                )
+            ):
+                self._maybe_done()  # this decode's text is not used
+                return
         new = "" if self._is_hallucination(request, result) else result.text.strip()
         unit_probs = result.unit_probs
         # In the reader's script before anything is shown, made stable or kept as context
@@ -559,21 +556,28 @@ class StreamSession:
         )
         return silent or sparse or result.compression_ratio > cfg.compression_ratio_threshold
 
-    def _unsure_of_language(
-        self, utt: _Utterance, request: DecodeRequest, result: EngineResult
+    def _take_language(
+        self, utt: _Utterance, request: DecodeRequest, language: str, probability: float
     ) -> bool:
-        """A partial's detection on the first second of an utterance kept the session's
-        language without being sure of it: a final decides in any case, and so does a partial
-        on `language_detect_s` of audio."""
-        return (
+        """Decide the utterance's language from the decode that detected it; False when that
+        decode's text is not to be used:
+        - a partial's detection on the first second kept the session's language without being
+          sure of it: the utterance is detected again on `language_detect_s` of audio (a
+          final decides in any case);
+        - the language changed and the decode had the old language's text as context, which
+          Whisper goes on writing in (Japanese speech came out as English): the next decode,
+          in the language now decided, has no such context."""
+        if (
             request.kind is DecodeKind.PARTIAL
-            and self._params.auto_language
-            and self._language is not None
             and not utt.detect_longer
-            and result.language == self._language
-            and result.language_probability < _SURE_SAME_LANGUAGE
+            and language == self._language
+            and probability < _SURE_SAME_LANGUAGE
             and request.end_sample - utt.start_sample < self._detect_samples
-        )
+        ):
+            utt.detect_longer = True
+            return False
+        changed = self._decide_language(utt, language)
+        return not (changed and (request.engine_request.prefix or request.engine_request.prompt))
 
     def _decide_language(self, utt: _Utterance, language: str) -> bool:
         """An utterance's language is decided by its first decode and never changes (no

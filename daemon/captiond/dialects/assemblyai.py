@@ -156,7 +156,7 @@ class AssemblyAIDialect:
         codes, keyterms = message.get("language_codes"), message.get("keyterms_prompt")
         language = None if codes is None else _language_of(codes)
         if language is not None:
-            check_model_language(language, self._english_only, not self._english_only)
+            check_model_language(language, self._english_only)
         prompt = None if keyterms is None else _prompt_of(keyterms)
         if format_turns is not None:
             self._format_turns = format_turns

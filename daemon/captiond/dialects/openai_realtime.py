@@ -344,7 +344,7 @@ def _language(transcription: dict[str, Any], english_only: str) -> str | None:
         return None
     language = str(transcription["language"])
     try:
-        check_model_language(check_language(language), english_only, not english_only)
+        check_model_language(check_language(language), english_only)
         return language
     except SessionError as exc:
         param = "session.audio.input.transcription.language"

@@ -174,6 +174,11 @@ class EngineInfo:
     multilingual: bool
     max_batch: int
 
+    @property
+    def english_only(self) -> str:
+        """The model's name when it captions English only; "" when it knows every language."""
+        return "" if self.multilingual else self.model_name
+
     @classmethod
     def of(cls, engine: Engine) -> EngineInfo:
         return cls(engine.name, engine.model_name, engine.multilingual, engine.max_batch)
