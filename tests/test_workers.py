@@ -38,8 +38,10 @@ from daemon_harness import (
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from captiond import ipc
 from captiond.audio import KEEP_SAMPLES, AudioSpan
 from captiond.config import SourceConfig
+from captiond.engines import DecodeKind, EngineRequest, EngineResult
 from captiond.ipc import AudioCopy
 from captiond.routing import SOURCES_WORKER, WorkerSlot, request_target, worker_for
 from captiond.routing import worker_of_session as owner
@@ -281,6 +283,72 @@ def test_the_engine_process_copy_of_a_stream_matches_what_windows_need() -> None
         sent += end - send_from
         assert np.array_equal(copy.window(start, end), stream[start:end])
     assert sent == end, "audio moves once"
+
+
+def test_decode_and_result_messages_cross_the_link_whole() -> None:
+    """Every field of a request and of a result survives the link's flat pickles; a request's
+    own audio stays behind (the message's `audio` carries what the core lacks)."""
+    window = np.linspace(-1, 1, 32_000, dtype=np.float32)
+    request = EngineRequest(
+        audio=window,
+        kind=DecodeKind.FINAL,
+        language="de",
+        language_hint="fr",
+        detect_from_sample=160,
+        task="translate",
+        prompt="Vorher.",
+        prefix="Guten",
+        stream_prompt="Grafana.",
+        beam_size=5,
+        speech_from_sample=320,
+        stream="s1",
+        end_sample=64_000,
+    )
+    # Not one field left at its default: a field the pickles forgot would come back changed.
+    defaults = EngineRequest(audio=window, kind=DecodeKind.PARTIAL)
+    for field in dataclasses.fields(EngineRequest):
+        if field.name != "audio":
+            assert getattr(request, field.name) != getattr(defaults, field.name), field.name
+    result = EngineResult(
+        text="Guten Tag.",
+        tokens=(1, 2, 3),
+        avg_logprob=-0.3,
+        no_speech_prob=0.2,
+        compression_ratio=1.7,
+        language="de",
+        language_probability=0.9,
+        unit_probs=(0.8, 0.95),
+        spaced=False,
+    )
+    sent: list[ipc.Message] = [
+        ipc.Decode(7, "s1", len(window), 40_000, window[8_000:], request),
+        ipc.Result(7, result),
+        ipc.Result(8, None, "the engine failed"),
+    ]
+
+    async def cross() -> list[ipc.Message | None]:
+        left, right = socket.socketpair()
+        _, writer = await asyncio.open_connection(sock=left)
+        reader, _ = await asyncio.open_connection(sock=right)
+        for message in sent:
+            ipc.write(writer, message)
+        writer.close()
+        return [await ipc.read(reader) for _ in range(len(sent) + 1)]
+
+    decode, *results, end = asyncio.run(cross())
+    assert end is None, "the writer closed"
+    assert results == sent[1:]
+    assert isinstance(decode, ipc.Decode)
+    assert np.array_equal(decode.audio, window[8_000:])
+    names = [field.name for field in dataclasses.fields(EngineRequest) if field.name != "audio"]
+    assert [getattr(decode.request, n) for n in names] == [getattr(request, n) for n in names]
+    assert decode.request.audio.size == 0
+    assert (decode.call, decode.stream, decode.window_samples, decode.audio_from_sample) == (
+        7,
+        "s1",
+        len(window),
+        40_000,
+    )
 
 
 def _get(address: str) -> str:

@@ -10,12 +10,9 @@ waiting decode fails and `closed` is set: the worker then shuts down.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import time
 from itertools import count
-
-import numpy as np
 
 from captiond import ipc
 from captiond.audio import AudioSpan
@@ -24,8 +21,6 @@ from captiond.errors import CaptiondError, EngineFailedError
 from captiond.metrics import Metrics
 from captiond.scheduler import SchedulerStats, Submit
 from captiond.session import DecodeRequest
-
-_NO_AUDIO = np.zeros(0, np.float32)
 
 
 class EngineClient:
@@ -92,7 +87,7 @@ class EngineClient:
                     window_samples=len(audio),
                     audio_from_sample=send_from,
                     audio=audio[send_from - start :],
-                    request=dataclasses.replace(request.engine_request, audio=_NO_AUDIO),
+                    request=request.engine_request,
                 ),
             )
             try:

