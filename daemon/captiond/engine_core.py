@@ -28,6 +28,12 @@ class EngineCore:
     def __init__(self, scheduler: InferenceScheduler) -> None:
         self.scheduler = scheduler
         self._links = count()
+        self._copies: dict[int, dict[str, ipc.AudioCopy]] = {}  # per link, per stream
+
+    @property
+    def streams_held(self) -> int:
+        """Streams whose audio this process keeps, over all links."""
+        return sum(len(copies) for copies in self._copies.values())
 
     async def serve(
         self,
@@ -39,7 +45,7 @@ class EngineCore:
         not a status), since any message shows the worker is alive."""
         ipc.write(writer, ipc.Hello(self.scheduler.engine_info))
         link = next(self._links)
-        copies: dict[str, ipc.AudioCopy] = {}
+        copies = self._copies[link] = {}
         calls: dict[int, asyncio.Task[None]] = {}
         try:
             while (message := await ipc.read(reader)) is not None:
@@ -66,6 +72,7 @@ class EngineCore:
         finally:
             for task in list(calls.values()):
                 task.cancel()
+            del self._copies[link]
             writer.close()
 
     async def _decode(

@@ -53,6 +53,7 @@ from captiond.errors import (
 from captiond.gate import GatedDecoder
 from captiond.journal import JOURNAL_FILE_NAME, Journal, JournalError, open_journal
 from captiond.journal_read import find_session
+from captiond.memory import trim_after_peaks
 from captiond.metrics import Metrics
 from captiond.protocol import (
     Final,
@@ -130,6 +131,7 @@ class Daemon:
         )
         self._live: dict[str, LiveStream] = {}  # by session id, detached ones too
         self._tasks: set[asyncio.Task[None]] = set()
+        self._trimmer: asyncio.Task[None] | None = None
         self._max_sessions = self._share(config.server.max_sessions)
         self._per_ip = ConnectionsPerIp(self._share(config.server.max_sessions_per_ip))
         # Every worker writes its own sessions' files; one of them applies retention.
@@ -202,6 +204,7 @@ class Daemon:
             self._server.wrap(listener)
         for source in self.sources.values():
             source.start(self._journal)
+        self._trimmer = asyncio.create_task(trim_after_peaks(lambda: len(self._live)))
 
     def _new_connection(self) -> AnsweringConnection:
         assert self._server is not None
@@ -254,6 +257,8 @@ class Daemon:
             if conn.transport is not None:
                 conn.transport.abort()
         await self._server.wait_closed()
+        if self._trimmer is not None:
+            self._trimmer.cancel()
         if self._journal is not None:
             self._journal.stop()
 

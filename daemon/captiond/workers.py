@@ -39,6 +39,7 @@ from captiond import ipc
 from captiond.config import Config, dump_toml
 from captiond.engine_core import EngineCore
 from captiond.errors import CaptiondError
+from captiond.memory import trim_after_peaks
 from captiond.routing import MAX_REQUEST_LINE_BYTES, request_target, worker_for
 from captiond.scheduler import InferenceScheduler
 
@@ -135,6 +136,7 @@ class WorkerPool:
             ) from None
         asyncio.get_running_loop().add_reader(self._listener.fileno(), self._accept)
         self._spawn_task(self._watch_silence())
+        self._spawn_task(trim_after_peaks(lambda: self._core.streams_held))
         log.info("listening on %s:%d with %d workers", cfg.host, self.port, len(self._workers))
 
     async def shutdown(self) -> None:
