@@ -11,7 +11,7 @@ import textwrap
 from collections.abc import Callable
 
 import pytest
-from daemon_harness import make_config, running_daemon, running_pool, stream_pcm, tone_bursts, url
+from daemon_harness import running_daemon, running_pool, stream_pcm, tone_bursts, url
 
 from captiond import memory
 from captiond.memory import PeakTrimmer
@@ -83,9 +83,9 @@ def test_a_daemon_trims_once_its_streams_are_gone(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(memory, "_CHECK_EVERY_S", 0.05)
 
     async def scenario() -> None:
-        async with running_daemon(make_config(server={"resume_s": 1.0})) as daemon:
-            await stream_pcm(url(daemon), PCM)
-            assert trims.count == 0, "a stream held for a resume still holds its audio"
+        async with running_daemon() as daemon:
+            await stream_pcm(url(daemon), PCM, pause_s=0.02)  # seen open
+            # Held for a resume for 60 s, the done stream has let its audio go already.
             await _wait_for(lambda: trims.count == 1)
 
     asyncio.run(scenario())
@@ -99,10 +99,11 @@ def test_the_engine_core_of_workers_trims_once_their_streams_are_gone(
     monkeypatch.setattr(memory, "_CHECK_EVERY_S", 0.05)
 
     async def scenario() -> None:
-        async with running_pool(make_config(server={"resume_s": 0.3})) as pool:
-            await asyncio.gather(*(stream_pcm(url(pool), PCM) for _ in range(2)))
+        async with running_pool() as pool:
+            await asyncio.gather(*(stream_pcm(url(pool), PCM, pause_s=0.02) for _ in range(2)))
             # Only the engine core's copies of the streams' audio count here (the workers
-            # are other processes): the trim shows they were held, then let go.
+            # are other processes): the trim shows they were held, then let go when the
+            # streams were done, not when their 60 s held for a resume are over.
             await _wait_for(lambda: trims.count == 1)
 
     asyncio.run(scenario())

@@ -139,6 +139,7 @@ def two_utterances(driver: Driver) -> None:
 def test_full_flow_two_segments_then_done() -> None:
     driver = Driver()
     two_utterances(driver)
+    assert driver.session.kept_samples > 0
     driver.control(Control.END)
     messages = driver.messages
     assert driver.session.done
@@ -153,6 +154,9 @@ def test_full_flow_two_segments_then_done() -> None:
     assert all(f.text for f in finals)
     assert partials, "an utterance of 2 s gets partials"
     assert isinstance(messages[0], SpeechStarted)
+
+    assert driver.session.kept_samples == 0, "a done session may be held a while: not its audio"
+    assert driver.session.audio_ms == 6500
 
     # Exactly one done, last, with the stream's duration.
     dones = driver.of(Done)

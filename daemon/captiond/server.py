@@ -204,7 +204,7 @@ class Daemon:
             self._server.wrap(listener)
         for source in self.sources.values():
             source.start(self._journal)
-        self._trimmer = asyncio.create_task(trim_after_peaks(lambda: len(self._live)))
+        self._trimmer = asyncio.create_task(trim_after_peaks(lambda: self.sessions_open))
 
     def _new_connection(self) -> AnsweringConnection:
         assert self._server is not None
@@ -460,12 +460,15 @@ class Daemon:
         pump = asyncio.create_task(live.run())
         try:
             await live.finished.wait()
+            # Its audio is needed no more (a resume only replays finals): the engine's copy
+            # goes now, not when the stream is let go.
+            self.decoder.forget(live.id)
             await self._ended(live, peer)
             await pump
         finally:
             pump.cancel()
             del self._live[live.id]
-            self.decoder.forget(live.id)
+            self.decoder.forget(live.id)  # a stream cut off before it finished (shutdown)
 
     async def _ended(self, live: LiveStream, peer: str) -> None:
         code = live.final_code

@@ -373,6 +373,11 @@ class StreamSession:
         return samples_to_ms(self._buffer.end_sample)
 
     @property
+    def kept_samples(self) -> int:
+        """The audio the session keeps (its memory): none once it is done."""
+        return self._buffer.end_sample - self._buffer.start_sample
+
+    @property
     def params(self) -> StreamParams:
         return self._params
 
@@ -674,3 +679,6 @@ class StreamSession:
         if self.state is SessionState.ENDING and self._in_flight is None and not self._closed:
             self.state = SessionState.DONE
             self._outbox.append(Done(audio_ms=self.audio_ms, segments=self._segments))
+            # No decode reads the audio again, and a done session may be held for minutes (a
+            # resume replays its finals): its buffer goes now, not when it is let go.
+            self._buffer = AudioBuffer(self._buffer.end_sample)
