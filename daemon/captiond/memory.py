@@ -5,9 +5,10 @@ A stream's audio lives in numpy arrays of a few MB, freed and allocated again as
 moves. glibc keeps freed heap memory for reuse and does not return it while live blocks sit
 above it: after a peak of 1,000 fake-engine streams on 2 workers, with every stream gone, the
 engine process kept 4.1 GB and each worker 0.8-1.0 GB, for good; `malloc_trim(0)` brought
-them to 0.26 and 0.08 GB. So each process trims when the streams it holds fall to half their
-peak since its last trim, or to none. Not on a timer: under a steady load most of what is
-free is about to be used again, and trimming it would only move the cost to page faults.
+them to 0.26 and 0.08 GB. So each process trims when the streams it holds audio for fall to
+half their peak since its last trim, or to none. Not on a timer: under a steady load most of
+what is free is about to be used again, and trimming it would only move the cost to page
+faults.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ _CHECK_EVERY_S = 1.0
 
 
 class PeakTrimmer:
-    """The rule, Sans-I/O: told the number of streams held now and then, it says when to trim."""
+    """The rule, Sans-I/O: told now and then how many streams hold audio, it says when to trim."""
 
     def __init__(self) -> None:
         self._peak = 0  # the most streams held since the last trim
