@@ -22,6 +22,7 @@ from urllib.parse import urlencode
 
 import numpy as np
 import pytest
+import websockets.sync.client
 from conftest import read_wav_int16
 from daemon_harness import (
     RATE,
@@ -47,8 +48,10 @@ from deepgram.listen.v1.types import (
     ListenV1SpeechStarted,
     ListenV1UtteranceEnd,
 )
+from deepgram.types.error_response_legacy_error import ErrorResponseLegacyError
 from pydantic import BaseModel
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.http11 import Response
 
 from captiond.config import Config
 from captiond.dialects.deepgram import DeepgramDialect
@@ -433,6 +436,36 @@ def test_a_stream_that_cannot_be_served_is_refused_before_the_upgrade(
         raise AssertionError("the stream was opened")
 
     assert run_with_daemon(FAST, work) == 400
+
+
+@pytest.mark.parametrize(
+    ("auth", "query", "status", "err_code"),
+    [
+        ({}, {"encoding": "linear16"}, 400, "Bad Request"),  # no sample_rate
+        ({"token": "k"}, LINEAR16, 401, "INVALID_AUTH"),
+    ],
+)
+def test_a_refused_handshake_carries_deepgrams_error_body_and_headers(
+    auth: dict[str, str], query: dict[str, Any], status: int, err_code: str
+) -> None:
+    """Deepgram's JSON error (the SDK's own model of it), repeated in `dg-error`, with the
+    request's id in `dg-request-id`: what a client that does not use the SDK reads."""
+    config = make_config(auth=auth, server={"max_audio_speed": 1e6})
+
+    def work(port: int) -> Response:
+        target = f"ws://127.0.0.1:{port}/v1/listen?{urlencode(query)}"
+        with pytest.raises(InvalidStatus) as refused:
+            websockets.sync.client.connect(target, additional_headers={"Authorization": "Token x"})
+        return refused.value.response
+
+    response = run_with_daemon(config, work)
+    assert response.status_code == status
+    assert response.headers.get_all("Content-Type") == ["application/json"]
+    body = response.body.decode()
+    error = ErrorResponseLegacyError.model_validate_json(body)
+    assert error.err_code == err_code and error.err_msg
+    assert error.request_id == response.headers["dg-request-id"]
+    assert response.headers["dg-error"] == body
 
 
 # -- the dialect alone -------------------------------------------------------------------------

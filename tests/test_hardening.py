@@ -664,7 +664,11 @@ def test_metrics_are_scraped_by_the_prometheus_parser() -> None:
 
 
 def _get(target: str, headers: dict[str, str]) -> str:
+    """The body of a GET of Prometheus' exposition text, checking its one Content-Type."""
+    from prometheus_client import CONTENT_TYPE_LATEST
+
     request = urllib.request.Request(target, headers=headers)
     with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.headers.get_all("Content-Type") == [CONTENT_TYPE_LATEST]
         body: bytes = response.read()
         return body.decode()

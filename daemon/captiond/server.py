@@ -22,7 +22,7 @@ import socket
 import ssl
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
@@ -40,7 +40,7 @@ from captiond.chinese import VARIANTS
 from captiond.config import Config
 from captiond.connection import CLOSE_GOING_AWAY, AnsweringConnection, LiveStream, send_error
 from captiond.dialects import Dialect
-from captiond.dialects.endpoints import ENDPOINTS
+from captiond.dialects.endpoints import ENDPOINTS, Endpoint
 from captiond.dialects.native import NativeDialect
 from captiond.engines.speech_gate import applies
 from captiond.errors import (
@@ -295,22 +295,21 @@ class Daemon:
             except RequestRejectedError as exc:
                 log.info("refused %s from %s: %s", url.path, connection.remote_address, exc)
                 self.metrics.refused.labels(reason=http.HTTPStatus(exc.status).phrase).inc()
-                response = connection.respond(http.HTTPStatus(exc.status), f"{exc}\n")
+                response = _refuse(connection, endpoint, exc.status, str(exc))
                 if exc.status == http.HTTPStatus.UNAUTHORIZED:
                     response.headers["WWW-Authenticate"] = 'Bearer realm="captiond"'
                 return response
             if url.path == "/metrics":
                 body, content_type = self.metrics.render()
                 response = connection.respond(http.HTTPStatus.OK, body)
-                response.headers["Content-Type"] = content_type
-                return response
+                return _with_headers(response, {"Content-Type": content_type})
             if endpoint is not None and endpoint.check_query_first:
                 query = Query(url.query)
                 try:
                     self._stream_params(endpoint.dialect(query))
                 except SessionError as exc:
                     self.metrics.refused.labels(reason="bad query").inc()
-                    return connection.respond(http.HTTPStatus.BAD_REQUEST, f"{exc}\n")
+                    return _refuse(connection, endpoint, http.HTTPStatus.BAD_REQUEST, str(exc))
             if "upgrade" not in request.headers.get("Connection", "").lower():
                 return connection.respond(
                     http.HTTPStatus.UPGRADE_REQUIRED, f"{url.path} is a websocket endpoint\n"
@@ -605,3 +604,23 @@ def _quiet_client_faults(record: logging.LogRecord) -> bool:
 def _peer(conn: ServerConnection) -> str:
     address = conn.remote_address
     return f"{address[0]}:{address[1]}" if address else "?"
+
+
+def _refuse(
+    connection: ServerConnection, endpoint: Endpoint | None, status: int, reason: str
+) -> Response:
+    """A refused handshake: in the endpoint's protocol's own form where it has one."""
+    if endpoint is None or endpoint.refusal is None:
+        return connection.respond(http.HTTPStatus(status), f"{reason}\n")
+    body, headers = endpoint.refusal(status, reason)
+    return _with_headers(connection.respond(http.HTTPStatus(status), body), headers)
+
+
+def _with_headers(response: Response, headers: Mapping[str, str]) -> Response:
+    """`response` with each of `headers` in place of any it had of that name: websockets'
+    `Headers` adds a value on assignment, and `respond` has set a text/plain Content-Type."""
+    for name, value in headers.items():
+        if name in response.headers:
+            del response.headers[name]
+        response.headers[name] = value
+    return response

@@ -30,9 +30,10 @@ is answered `ConfigureSuccess`; one with `features` is refused whole with `Confi
 (`CONFIGURE_INTERNAL_ERROR`: formatting is fixed at connect), and the stream goes on.
 Unsupported: other encodings and containers (no decoder: `DATA-0000`), `multichannel=true` (one
 transcript per connection), diarization, redaction, `keywords` (Nova-2's boosts, negative ones
-included, have no Whisper equivalent; ignored). A query refused is refused after
-the upgrade (`Error`, then close 1008), not with Deepgram's HTTP 400: the seam reads the query
-only once the websocket is open.
+included, have no Whisper equivalent; ignored). A query that cannot be served is refused before
+the upgrade, with HTTP 400, as Deepgram does; a refused handshake (400, or 401/403 from the
+daemon's token and Origin checks) carries Deepgram's error body (`err_code`, `err_msg`,
+`request_id`), also in its `dg-error` header, and a `dg-request-id` header (`refusal`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from http import HTTPStatus
 from typing import Any
 
 import numpy as np
@@ -76,6 +78,24 @@ from captiond.protocol import (
     prompt_of_terms,
 )
 from captiond.text import join_units, plain_unit, units
+
+# Deepgram's `err_code` for a refused handshake (its error reference); others: the status phrase.
+_ERR_CODES = {400: "Bad Request", 401: "INVALID_AUTH"}
+
+
+def refusal(status: int, message: str) -> tuple[str, dict[str, str]]:
+    """Deepgram's answer to a handshake it refuses: the JSON error body and the headers its
+    streaming API adds (`dg-error` repeats the body, for websocket libraries that hand an app
+    a refused handshake's headers but not its body; `dg-request-id` names the request)."""
+    request_id = str(uuid.uuid4())
+    code = _ERR_CODES.get(status) or HTTPStatus(status).phrase
+    body = json.dumps({"err_code": code, "err_msg": message, "request_id": request_id})
+    return body, {
+        "Content-Type": "application/json",
+        "dg-error": body,
+        "dg-request-id": request_id,
+    }
+
 
 # Control messages are a few dozen bytes; a `Configure` with its 500-token keyterms a few KB.
 MAX_TEXT_BYTES = 16_384

@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from captiond.dialects import Dialect
+from captiond.dialects import Dialect, deepgram
 from captiond.dialects.assemblyai import AssemblyAIDialect
-from captiond.dialects.deepgram import DeepgramDialect
 from captiond.dialects.native import NativeDialect
 from captiond.dialects.openai_realtime import OpenAIRealtimeDialect
 from captiond.protocol import Query
@@ -26,13 +25,19 @@ class Endpoint:
     # A query its protocol refuses gets HTTP 400 before the upgrade (Deepgram's behaviour),
     # instead of an error message after it.
     check_query_first: bool = False
+    # A refused handshake's body and headers, from its status and reason, where the protocol
+    # defines them (None: the reason as plain text).
+    refusal: Callable[[int, str], tuple[str, dict[str, str]]] | None = None
 
 
 ENDPOINTS: dict[str, Endpoint] = {
     "/v1/stream": Endpoint(dialect=NativeDialect, resumable=True),
     # Deepgram SDK: Token KEY (an access token: Bearer)
     "/v1/listen": Endpoint(
-        dialect=DeepgramDialect, auth_schemes=("token", "bearer"), check_query_first=True
+        dialect=deepgram.DeepgramDialect,
+        auth_schemes=("token", "bearer"),
+        check_query_first=True,
+        refusal=deepgram.refusal,
     ),
     "/v1/realtime": Endpoint(dialect=OpenAIRealtimeDialect),  # OpenAI SDK: Bearer KEY
     # AssemblyAI SDK: the bare key (Authorization: KEY)
