@@ -301,6 +301,30 @@ def test_commit_ends_the_utterance_and_a_close_ends_the_session() -> None:
     assert sessions_open == 0
 
 
+def test_push_to_talk_makes_one_item_per_commit_whatever_the_pauses() -> None:
+    """turn_detection null: a 1-s pause inside what the client commits does not end its item
+    (it would with server_vad: two items); the item spans both bursts."""
+    pcm = to_24k(tone_bursts([1.5, 1.5], gap_s=1.0))
+
+    def scenario(port: int, session: TranscriptionSession, items: int) -> list[Any]:
+        with transcription(port, session) as conn:
+            for start in range(0, len(pcm), 2_400):  # 100 ms every 20 ms: partials run
+                append(conn, pcm[start : start + 2_400])
+                time.sleep(0.02)
+            conn.input_audio_buffer.commit()
+            return read_until(conn, completions(items))
+
+    push_to_talk = run(lambda port: scenario(port, session_with(turn_detection=None), 1))
+    check_items(push_to_talk, speech_events=False)
+    (completed,) = [e for e in push_to_talk if e.type == COMPLETED]
+    # From the pre-roll before the first burst (0.5 s in) to the commit, 1 s after the
+    # second: 5.5 - 0.5 + 0.3 s.
+    assert completed.usage.seconds == pytest.approx(5.3, abs=0.2)
+    server_vad = run(lambda port: scenario(port, SESSION, 2))
+    check_items(server_vad)
+    assert sum(e.type == "input_audio_buffer.committed" for e in server_vad) == 2
+
+
 def test_clear_is_acknowledged_and_ends_the_utterance() -> None:
     def scenario(port: int) -> list[Any]:
         with transcription(port) as conn:

@@ -293,6 +293,26 @@ def test_flush_closes_an_open_utterance() -> None:
     assert list(seg.flush(end + 1000)) == []
 
 
+def test_push_to_talk_ends_an_utterance_only_at_flush() -> None:
+    """With `ends_at_pauses` off no pause ends the utterance and no early final is due; the
+    flush decodes up to the tail after its last voiced frame, not the silence after that."""
+    talk = [True] * 20 + [False] * 3 * ENDPOINT + [True] * 10 + [False] * 2 * ENDPOINT
+    seg = segmenter(ScriptedVad([*talk, *[True] * 20, *[False] * ENDPOINT]))
+    seg.ends_at_pauses = False
+    events = feed(seg, [tone_frame()] * len(talk))
+    assert [type(event) for _, event in events] == [UtteranceStart]
+    assert seg.in_utterance and seg.pause_sample is None
+    end = (30 + 5 * ENDPOINT) * FS
+    voiced_end = (30 + 3 * ENDPOINT) * FS
+    assert list(seg.flush(end)) == [
+        UtteranceEnd(end_sample=end, decode_end_sample=voiced_end + TAIL * FS)
+    ]
+    seg.ends_at_pauses = True  # back to pauses: the next utterance ends at one
+    events = feed(seg, [tone_frame()] * (20 + ENDPOINT))
+    assert [type(event) for _, event in events] == [UtteranceStart, UtteranceEnd]
+    assert not seg.in_utterance
+
+
 def test_flush_without_utterance_does_nothing() -> None:
     seg = segmenter(ScriptedVad([]))
     feed(seg, [tone_frame()] * 5)

@@ -392,6 +392,8 @@ class LiveStream:
                     session.set_language(received.language)
                 if received.prompt is not None:
                     session.set_prompt(received.prompt)
+                if received.ends_at_pauses is not None:
+                    session.set_ends_at_pauses(received.ends_at_pauses)
                 if isinstance(control, Ack):
                     self.held.ack(control.segment)
                     continue

@@ -242,6 +242,11 @@ class StreamSession:
         a session update of a vendor API."""
         self._params = dataclasses.replace(self._params, prompt=prompt)
 
+    def set_ends_at_pauses(self, ends_at_pauses: bool) -> None:
+        """Whether a pause ends an utterance from now on; when not, only `finalize` (or the
+        `max_utterance_s` cap) does: push to talk, a session update of a vendor API."""
+        self._segmenter.ends_at_pauses = ends_at_pauses
+
     def receive_control(self, control: Control) -> None:
         if control is Control.KEEPALIVE:
             return

@@ -77,6 +77,8 @@ class VadSegmenter:
     the final's decode can start before the endpoint. Cap: at `max_utterance_s` the utterance
     is cut at the quietest frame of the last `cut_search_s`, so no word is split and every
     decode fits one 30 s Whisper window.
+    Push to talk: while `ends_at_pauses` is False, no pause ends an utterance (and no early
+    final is due); the client's finalize does (`flush`), or the cap.
     """
 
     def __init__(
@@ -109,6 +111,7 @@ class VadSegmenter:
         self._voiced_end_sample = start_sample
         # (frame start sample, dBFS) of the open utterance's recent frames, for the cap's cut.
         self._recent: deque[tuple[int, float]] = deque(maxlen=self._cut_search_frames)
+        self.ends_at_pauses = True
 
     @property
     def in_utterance(self) -> bool:
@@ -132,7 +135,11 @@ class VadSegmenter:
     def pause_sample(self) -> int | None:
         """Where the open utterance's final decode ends if no speech comes before its endpoint,
         once it has been silent that long (`final_tail_ms`); None while it is not."""
-        if self._start_sample is None or self._silent_frames < self._tail_frames:
+        if (
+            self._start_sample is None
+            or not self.ends_at_pauses
+            or self._silent_frames < self._tail_frames
+        ):
             return None
         return self._decode_end_sample()
 
@@ -192,7 +199,7 @@ class VadSegmenter:
             if length_samples >= self._long_samples
             else self._endpoint_frames
         )
-        if self._silent_frames >= endpoint_frames:
+        if self.ends_at_pauses and self._silent_frames >= endpoint_frames:
             yield self._close(frame_end)
         elif length_samples >= self._max_samples:
             cut = self._quietest_cut()

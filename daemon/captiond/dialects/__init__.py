@@ -21,13 +21,14 @@ from captiond.protocol import Ack, Control, ServerMessage, StreamParams
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Received:
     """What one client frame means: audio to feed, a control for the session, the language
-    of the audio and the stream's prompt from now on (a session update; None: unchanged),
-    replies to send at once."""
+    of the audio, the stream's prompt and whether a pause ends an utterance from now on (a
+    session update; None: unchanged), replies to send at once."""
 
     audio: bytes = b""
     control: Control | Ack | None = None
     language: str | None = None
     prompt: str | None = None
+    ends_at_pauses: bool | None = None
     replies: tuple[str, ...] = ()
 
 

@@ -22,10 +22,13 @@ What differs from OpenAI, and why:
   always starts with the stable words). `.completed` carries the final's full text and comes
   after the item's `committed`. Deltas may come before `committed`: the daemon transcribes as
   the audio arrives instead of after the commit.
-- Segmentation is always the daemon's VAD ([vad] config; `server_vad` parameters and
-  `semantic_vad` are taken as plain `server_vad`). With `turn_detection: null` no speech events
-  are sent and `.commit` ends the open utterance now (Control.FINALIZE), but a pause still ends
-  one too: there is no unbounded client-committed buffer to decode.
+- `server_vad` and `semantic_vad` are the daemon's VAD ([vad] config; `server_vad` parameters
+  and `semantic_vad` are taken as plain `server_vad`). With `turn_detection: null` (push to
+  talk) no speech events are sent and only `.commit` ends an item (Control.FINALIZE), however
+  long the speaker pauses: one item per commit. The VAD still finds where speech begins (the
+  silence before it is not decoded, and a commit of silence alone makes no item), and an item
+  is cut at `[stream] max_utterance_s` (one Whisper window, 20 s by default), the rest going
+  on as the next item.
 - `.commit` with no speech open does nothing (OpenAI answers `input_audio_buffer_commit_empty`;
   the daemon has already dropped the silence, and this side cannot tell in time whether the
   audio just appended started an utterance).
@@ -168,17 +171,19 @@ class OpenAIRealtimeDialect:
         audio_input = _field(_field(session.get("audio"), "session.audio").get("input"), param)
         if "format" in audio_input:
             _check_format(_field(audio_input["format"], f"{param}.format"))
-        server_vad = self._server_vad
+        server_vad = None
         if "turn_detection" in audio_input:
             server_vad = _is_server_vad(audio_input["turn_detection"])
         transcription = _field(audio_input.get("transcription"), f"{param}.transcription")
         language = _language(transcription, self._english_only)
         prompt = _prompt(transcription)
-        self._server_vad = server_vad
+        self._server_vad = self._server_vad if server_vad is None else server_vad
         self._language = language or self._language
         self._prompt = self._prompt if prompt is None else prompt
         updated = self._event("session.updated", session=self._session_object())
-        return Received(language=language, prompt=prompt, replies=(updated,))
+        return Received(
+            language=language, prompt=prompt, ends_at_pauses=server_vad, replies=(updated,)
+        )
 
     # -- session messages --------------------------------------------------------------------
 
