@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from captiond import journal_read
 from captiond.cli import main
 from captiond.config import Config, JournalConfig, config_from_mapping, dump_toml, load_config
 from captiond.errors import ConfigError
@@ -271,6 +272,26 @@ def test_find_session_by_prefix(tmp_path: Path) -> None:
         find_session(tmp_path, "abc")
     with pytest.raises(JournalError, match="no session"):
         find_session(tmp_path, "zzz")
+
+
+def test_find_session_reads_only_the_files_named_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume after a restart looks its session up by id: the other sessions' files, a
+    month of them, are not parsed."""
+    names = ["20240501T120000Z-abc111", "20240501T120000Z-abc111.1", "20240502T080000Z-zz9"]
+    for name in names:
+        (tmp_path / f"{name}.jsonl").write_text("", encoding="utf-8")
+    read: list[str] = []
+    real = journal_read._read_records
+
+    def spy(path: Path) -> list[dict[str, Any]]:
+        read.append(path.name)
+        return real(path)
+
+    monkeypatch.setattr(journal_read, "_read_records", spy)
+    assert find_session(tmp_path, "abc111").session == "abc111"
+    assert read == ["20240501T120000Z-abc111.jsonl", "20240501T120000Z-abc111.1.jsonl"]
 
 
 def test_write_error_fails_the_append_and_the_session_goes_on_in_a_new_part(

@@ -21,6 +21,7 @@ from daemon_harness import (
     url,
 )
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.protocol import State
 
 from captiond.config import Config
 from captiond.engines import Engine
@@ -253,6 +254,41 @@ def test_resume_across_a_daemon_restart(tmp_path: Path, journal: bool) -> None:
         assert set(engine.languages) == {"zh"}
         # The part after the restart was opened from the journal's header, and wrote its own.
         assert journaled.header["chinese_variant"] == "zh-TW"
+
+    run(scenario())
+
+
+def test_two_resumes_at_once_after_a_restart_take_back_one_session(tmp_path: Path) -> None:
+    """Two connections resume the same journaled session at once (a client retrying while its
+    first resume still reads the journal): the later takes it over from the earlier, as from
+    memory, and the journal gets each segment once."""
+
+    async def scenario() -> None:
+        async with running_daemon(_journaled(tmp_path)) as daemon:
+            port = daemon.port
+            conn = await connect(url(daemon))
+            ready = json.loads(await conn.recv())
+            await conn.send(FOUR_BURSTS.tobytes())
+            await recv_until(conn, "final", 4)
+            stopping = asyncio.create_task(collect(conn))
+            await daemon.shutdown()
+            await stopping
+        async with running_daemon(_journaled(tmp_path, port=port)) as daemon:
+            target = resume_url(url(daemon), ready["resume_token"], since=4)
+            both = await asyncio.gather(connect(target), connect(target))
+            for conn in both:
+                assert json.loads(await conn.recv())["type"] == "resumed"
+            closed, _ = await asyncio.wait(
+                [asyncio.create_task(c.wait_closed()) for c in both], timeout=5
+            )
+            assert len(closed) == 1, "one connection is cut: the session is the other's"
+            (kept,) = [c for c in both if c.state is not State.CLOSED]
+            await kept.send(tone_bursts([0.6]).tobytes())
+            await kept.send(json.dumps({"type": "end"}))
+            rest = await collect(kept)
+        assert [f["segment"] for f in rest.of("final")] == [4]
+        journaled = find_session(tmp_path / "journal", ready["session"])
+        assert [f.segment for f in journaled.finals] == [0, 1, 2, 3, 4]
 
     run(scenario())
 

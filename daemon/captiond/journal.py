@@ -33,6 +33,13 @@ log = logging.getLogger(__name__)
 JOURNAL_FILE_NAME = re.compile(
     r"^(?P<stem>\d{8}T\d{6}Z-[A-Za-z0-9_-]+)(?:\.(?P<part>\d+))?\.jsonl$"
 )
+
+
+def file_safe_id(session: str) -> str:
+    """A session id as its file names spell it (`<start>-<id>.jsonl`)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", session) or "_"
+
+
 _DAY_S = 86_400.0
 
 
@@ -133,7 +140,7 @@ class Journal:
         token's hash); `continues` is the file stem of a session taken back after a restart,
         which goes on in its next part."""
         started = _now()
-        safe_id = re.sub(r"[^A-Za-z0-9_-]", "_", session) or "_"
+        safe_id = file_safe_id(session)
         header: dict[str, Any] = {"type": "session", "session": session, "part": 0}
         header.update(started=_iso(started), peer=peer, source=source, language=language)
         header.update(model=model, engine=engine, **(stream or {}))

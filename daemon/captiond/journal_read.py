@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from captiond.journal import JOURNAL_FILE_NAME, JournalError
+from captiond.journal import JOURNAL_FILE_NAME, JournalError, file_safe_id
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +117,18 @@ def read_session(path: Path) -> JournalSession:
 
 
 def find_session(dir: Path, key: str) -> JournalSession:
-    """The one session in `dir` whose id is `key` or starts with it."""
-    sessions = list_sessions(dir)
+    """The one session in `dir` whose id is `key` or starts with it. Only the files whose
+    names can be its are read: a resume after a restart looks its session up here, and a
+    journal of a month of meetings is hundreds of megabytes."""
+    if not dir.is_dir():
+        raise JournalError(f"journal dir {str(dir)!r} does not exist")
+    safe_key = file_safe_id(key)
+    groups = _group(list(dir.iterdir()))
+    sessions = [
+        _session_of(stem, parts)
+        for stem, parts in sorted(groups.items())
+        if stem.partition("-")[2].startswith(safe_key)
+    ]
     exact = [s for s in sessions if s.session == key]
     found = exact or [s for s in sessions if s.session.startswith(key)]
     if not found:

@@ -52,7 +52,7 @@ from captiond.errors import (
 )
 from captiond.gate import GatedDecoder
 from captiond.journal import JOURNAL_FILE_NAME, Journal, JournalError, open_journal
-from captiond.journal_read import find_session
+from captiond.journal_read import JournalSession, find_session
 from captiond.memory import trim_after_peaks
 from captiond.metrics import Metrics
 from captiond.protocol import (
@@ -466,7 +466,8 @@ class Daemon:
             await pump
         finally:
             pump.cancel()
-            del self._live[live.id]
+            if self._live.get(live.id) is live:
+                del self._live[live.id]
             self.decoder.forget(live.id)  # a stream cut off before it finished (shutdown)
 
     async def _ended(self, live: LiveStream, peer: str) -> None:
@@ -500,11 +501,17 @@ class Daemon:
         to `conn`: `resumed`, the finals to replay, then the stream goes on."""
         session_id = session_of_token(resume.token)
         live = self._live.get(session_id)
+        gap_ms = None
         if live is None:
-            live, gap_ms = await self._from_journal(conn, session_id, resume)
-        elif live.resume_key is None or not live.resumable:
-            raise ResumeFailedError(f"session {session_id} has ended")
-        else:
+            found = await self._journaled(session_id)
+            # Another resume of it may have taken it back from the journal while this one
+            # read: then this one takes it over from that one, as from memory.
+            live = self._live.get(session_id)
+            if live is None:
+                live, gap_ms = self._from_journal(conn, found, resume)
+        if gap_ms is None:
+            if live.resume_key is None or not live.resumable:
+                raise ResumeFailedError(f"session {session_id} has ended")
             live.resume_key.check(resume.token)
             now_s = asyncio.get_running_loop().time()
             gap_ms = round((now_s - (live.detached_at_s or now_s)) * 1000)
@@ -525,18 +532,22 @@ class Daemon:
 
         await live.serve(conn, dialect, resumed, resume=True, since=resume.since)
 
-    async def _from_journal(
-        self, conn: ServerConnection, session_id: str, resume: ResumeRequest
+    async def _journaled(self, session_id: str) -> JournalSession:
+        """The journal's record of a session this daemon does not hold (read on a thread)."""
+        if self._journal is None:
+            raise ResumeFailedError(f"unknown session {session_id} (no journal to resume from)")
+        try:
+            return await asyncio.to_thread(find_session, self._journal.dir, session_id)
+        except JournalError:
+            raise ResumeFailedError(f"unknown session {session_id}") from None
+
+    def _from_journal(
+        self, conn: ServerConnection, found: JournalSession, resume: ResumeRequest
     ) -> tuple[LiveStream, int]:
         """A session the daemon stopped (close 1001) less than `resume_s` ago, taken back from
         its journal: finals, stream clock and segment numbers continue; its earlier text is
         the prompt; its audio is gone. Also the gap since it stopped."""
-        if self._journal is None:
-            raise ResumeFailedError(f"unknown session {session_id} (no journal to resume from)")
-        try:
-            found = await asyncio.to_thread(find_session, self._journal.dir, session_id)
-        except JournalError:
-            raise ResumeFailedError(f"unknown session {session_id}") from None
+        session_id = session_of_token(resume.token)
         header, end = found.header, found.end
         if found.session != session_id or end is None or end.get("close_code") != CLOSE_GOING_AWAY:
             raise ResumeFailedError(f"session {session_id} cannot be resumed")
