@@ -87,6 +87,43 @@ def test_cross_site_pages_are_refused(
 
 
 @pytest.mark.parametrize(
+    ("host", "allowed", "status"),
+    [
+        ("evil.example", (), b"403"),  # DNS rebinding: its name now resolves to 127.0.0.1
+        ("evil.example", ("http://evil.example",), b"101"),  # listed: a reverse proxy's name
+        ("localhost", (), b"101"),
+        ("captions.localhost", (), b"101"),
+        ("[::1]", (), b"101"),
+        ("MACHINE", (), b"101"),  # the machine's host name
+        ("MACHINE.local", (), b"101"),
+    ],
+)
+def test_the_daemons_own_origin_names_this_machine(
+    host: str, allowed: tuple[str, ...], status: bytes
+) -> None:
+    """A page is the daemon's own only if its host, the one the request was sent to, names
+    this machine: a site rebound to 127.0.0.1 sends matching Host and Origin headers too.
+    (Host without a port, as from a reverse proxy on port 80: the names must match.)"""
+    host = host.replace("MACHINE", socket.gethostname().split(".")[0].lower())
+
+    async def scenario() -> bytes:
+        async with running_daemon(make_config(server={"allowed_origins": allowed})) as daemon:
+            request = (
+                f"GET /v1/stream HTTP/1.1\r\nHost: {host}\r\nOrigin: http://{host}\r\n"
+                "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            )
+            reader, writer = await asyncio.open_connection("127.0.0.1", daemon.port)
+            writer.write(request.encode())
+            answer = await asyncio.wait_for(reader.readline(), 15)
+            writer.close()
+            return answer
+
+    answer = run(scenario())
+    assert answer.startswith(b"HTTP/1.1 " + status), answer
+
+
+@pytest.mark.parametrize(
     ("query", "headers", "status"),
     [
         ("", {}, 401),

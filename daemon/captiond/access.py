@@ -7,7 +7,11 @@ HTTP status, so a refused client never gets a websocket.
 The rules, as the README's security section states them:
 - Origin: browsers send it, other clients do not. A request without Origin is let in; one with
   Origin only when it is the daemon's own origin (the page it serves) or listed in
-  `[server] allowed_origins` ("*": any, "null" included).
+  `[server] allowed_origins` ("*": any, "null" included). The daemon's own origin is one whose
+  host the request was sent to (its Host) *and* that names this machine: an IP address,
+  `localhost`, or the machine's host name. Otherwise a site whose DNS name is rebound to
+  127.0.0.1 would be the daemon's own origin in the browser's eyes (DNS rebinding); a name
+  that reaches the daemon through a reverse proxy is listed in `allowed_origins`.
 - Token (when `[auth] token` is set): `Authorization: Bearer TOKEN` (RFC 6750; the scheme is
   case-insensitive) or `?token=TOKEN`. Every credential given must be right: a wrong one is
   never outvoted by a right one, and an Authorization header of another scheme is refused.
@@ -18,6 +22,8 @@ The rules, as the README's security section states them:
 from __future__ import annotations
 
 import hmac
+import ipaddress
+import socket
 from collections import Counter
 from collections.abc import Sequence
 from urllib.parse import urlsplit
@@ -27,16 +33,30 @@ from captiond.errors import OriginNotAllowedError, UnauthorizedError
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
 
-def check_origin(origin: str | None, host: str | None, allowed: tuple[str, ...]) -> None:
-    """Refuse a cross-site page. `host` is the request's Host header."""
+def machine_names() -> frozenset[str]:
+    """This machine's names a browser may reach the daemon by, besides IP addresses and
+    `localhost`: its host name (and first label) and that as an mDNS `.local` name. No DNS
+    lookup: one could stall the daemon's start."""
+    name = socket.gethostname().lower().rstrip(".")
+    short = name.split(".")[0]
+    return frozenset(n for n in (name, short, f"{short}.local") if n and n != ".local")
+
+
+def check_origin(
+    origin: str | None, host: str | None, allowed: tuple[str, ...], names: frozenset[str]
+) -> None:
+    """Refuse a cross-site page. `host` is the request's Host header; `names` the machine's
+    own (`machine_names`)."""
     if origin is None or "*" in allowed:
         return
     if origin.lower().rstrip("/") in {a.lower().rstrip("/") for a in allowed}:
         return
-    if host is not None and _same_host(origin, host):
+    same_host = host is not None and _same_host(origin, host)
+    if same_host and _names_this_machine(str(urlsplit(origin).hostname), names):
         return
+    reason = "it is not this daemon's origin" if not same_host else "its host is not this machine"
     raise OriginNotAllowedError(
-        f"origin {origin!r} may not connect; add it to [server] allowed_origins"
+        f"origin {origin!r} may not connect ({reason}); add it to [server] allowed_origins"
     )
 
 
@@ -55,6 +75,18 @@ def _same_host(origin: str, host: str) -> bool:
     except ValueError:  # "http://[::1": no URL at all
         return False
     return host_port is None or host_port == origin_port
+
+
+def _names_this_machine(hostname: str, names: frozenset[str]) -> bool:
+    """An IP address, `localhost` (RFC 6761: `*.localhost` too) or one of `names`: never a
+    name whose DNS an outside site controls."""
+    try:
+        ipaddress.ip_address(hostname)
+        return True
+    except ValueError:
+        pass
+    name = hostname.rstrip(".")
+    return name == "localhost" or name.endswith(".localhost") or name in names
 
 
 def check_token(

@@ -34,7 +34,7 @@ from websockets.http11 import Request, Response
 from websockets.server import ServerProtocol
 
 from captiond import SAMPLE_RATE_HZ
-from captiond.access import ConnectionsPerIp, check_origin, check_token
+from captiond.access import ConnectionsPerIp, check_origin, check_token, machine_names
 from captiond.audio import ms_to_samples
 from captiond.chinese import VARIANTS
 from captiond.config import Config
@@ -134,6 +134,7 @@ class Daemon:
         self._trimmer: asyncio.Task[None] | None = None
         self._max_sessions = self._share(config.server.max_sessions)
         self._per_ip = ConnectionsPerIp(self._share(config.server.max_sessions_per_ip))
+        self._machine_names = machine_names()  # the names its own page may be reached by
         # Every worker writes its own sessions' files; one of them applies retention.
         self._journal: Journal | None = open_journal(
             config.journal, retain=slot is None or slot.index == 0
@@ -285,6 +286,7 @@ class Daemon:
                     request.headers.get("Origin"),
                     request.headers.get("Host"),
                     self.config.server.allowed_origins,
+                    self._machine_names,
                 )
                 check_token(
                     self.config.auth.token,
