@@ -133,6 +133,44 @@ def test_a_pulled_cable_loses_no_final(tmp_path: Path, pulls: int, answered_503:
     assert finals[-1]["end_ms"] >= len(PCM) * 1000 // RATE - 1_100
 
 
+def test_back_after_the_session_expired_the_client_resends_what_the_burst_allows(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Away longer than `resume_s` (the defaults scaled down: 1 s, and an `audio_burst_s` of
+    3 s), the client starts a new session and sends it at most `fresh_resend_s` of the audio
+    it missed, not all of it at once, which the daemon refuses (`rate_limited`); it says what
+    it skipped, and the new session's times go on from the audio it got."""
+
+    async def scenario() -> list[Message]:
+        config = make_config(server={"resume_s": 1.0, "audio_burst_s": 3.0})
+        async with running_daemon(config) as daemon:
+            proxy = Proxy(daemon.port)
+            port = await proxy.start()
+            messages: list[Message] = []
+            client = asyncio.create_task(
+                stream_samples(
+                    f"ws://127.0.0.1:{port}/v1/stream",
+                    samples(),
+                    speed=SPEED,
+                    on_message=messages.append,
+                    fresh_resend_s=2.0,
+                )
+            )
+            await asyncio.sleep(1.2)
+            proxy.unavailable = 3  # away for the backoff's 0.5 + 1 + 2 s: the session expires
+            proxy.cut()
+            await asyncio.wait_for(client, 30)
+            proxy.close()
+            return messages
+
+    messages = asyncio.run(scenario())
+    kinds = [m["type"] for m in messages]
+    assert kinds.count("ready") == 2 and "error" not in kinds and kinds[-1] == "done"
+    assert any("were not resent" in r.message for r in caplog.records)
+    finals = check_exactly_once(messages)
+    assert finals[-1]["end_ms"] >= len(PCM) * 1000 // RATE - 1_100
+
+
 @pytest.mark.parametrize("journal", [True, False])
 def test_a_daemon_restart_loses_no_final(tmp_path: Path, journal: bool) -> None:
     """With the journal the session is resumed by the new daemon; without it the client starts

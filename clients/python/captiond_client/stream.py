@@ -35,6 +35,10 @@ BYTES_PER_SAMPLE = 2
 # Errors after which the same session is worth resuming: the daemon is stopping (it keeps the
 # session in its journal), or it is full for now.
 _RESUMABLE_ERRORS = {"shutting_down", "overloaded"}
+# Audio sent to a new session that replaces one the daemon no longer held: at most this much,
+# under the daemon's default `audio_burst_s` (60 s), so that the burst is not refused
+# (`rate_limited`). What the client was away for beyond it is lost, and said so.
+FRESH_RESEND_S = 50.0
 
 
 class StreamError(RuntimeError):
@@ -65,12 +69,14 @@ class Stream:
         on_message: Callable[[Message], None],
         retry_for_s: float = 300.0,
         keep_audio_s: float = 120.0,
+        fresh_resend_s: float = FRESH_RESEND_S,
     ) -> None:
         self._url = stream_url(url, sample_rate_hz)
         self._on_message = on_message
         self._retry_for_s = retry_for_s
         self._bytes_per_s = sample_rate_hz * BYTES_PER_SAMPLE
         self._keep_bytes = round(keep_audio_s * sample_rate_hz) * BYTES_PER_SAMPLE
+        self._fresh_resend_bytes = round(fresh_resend_s * sample_rate_hz) * BYTES_PER_SAMPLE
         # Audio from the source: `_audio` holds bytes [_kept_from, _kept_from + len(_audio)).
         self._audio = bytearray()
         self._kept_from = 0
@@ -155,8 +161,16 @@ class Stream:
                     log.warning("%d ms of audio were not kept: not resent", self._gap_ms(position))
                     position = self._kept_from
             else:
-                # A new session: from the audio no final of an earlier session covered.
-                position = self._session_base = max(self._covered, self._kept_from)
+                # A new session: from the audio no final of an earlier session covered, at
+                # most `fresh_resend_s` of it (the daemon refuses more at once).
+                uncovered = max(self._covered, self._kept_from)
+                position = max(uncovered, self._audio_end - self._fresh_resend_bytes)
+                if position > uncovered:
+                    log.warning(
+                        "away too long: %d ms of audio no final covered were not resent",
+                        (position - uncovered) * 1000 // self._bytes_per_s,
+                    )
+                self._session_base = position
             sender = asyncio.create_task(self._send(conn, position, bool(hello.get("ended"))))
             receiver = asyncio.create_task(self._receive(conn))
             try:
@@ -283,9 +297,14 @@ async def stream_samples(
     speed: float = 1.0,
     on_message: Callable[[Message], None],
     retry_for_s: float = 300.0,
+    fresh_resend_s: float = FRESH_RESEND_S,
 ) -> None:
     """Stream `samples` (16 kHz mono) and report every message; raises StreamError on errors."""
     stream = Stream(
-        url, sample_rate_hz=TARGET_RATE_HZ, on_message=on_message, retry_for_s=retry_for_s
+        url,
+        sample_rate_hz=TARGET_RATE_HZ,
+        on_message=on_message,
+        retry_for_s=retry_for_s,
+        fresh_resend_s=fresh_resend_s,
     )
     await stream.run(paced_chunks(samples, speed))
