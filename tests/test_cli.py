@@ -25,6 +25,7 @@ from daemon_harness import make_config, running_daemon, url
 from test_audiofile import encode
 
 from captiond.cli import main as cli_main
+from captiond_client.display import render_transcript
 
 CAPTIOND = [sys.executable, "-m", "captiond.cli"]
 CLIENT = [sys.executable, "-m", "captiond_client.cli"]
@@ -142,6 +143,17 @@ def silent_wav(tmp_path: Path) -> Path:
         wf.setframerate(16000)
         wf.writeframes(b"\x00\x00" * 1600)
     return wav
+
+
+def test_a_vtt_cue_is_text_not_markup() -> None:
+    """WebVTT reads "<b and c>" in a cue as a tag and drops it: the cue is escaped (SubRip and
+    plain text keep the words as said)."""
+    finals = [{"start_ms": 0, "end_ms": 3_723_004, "text": "if a <b and c> d, R&D"}]
+    assert render_transcript(finals, ".vtt") == (
+        "WEBVTT\n\n00:00:00.000 --> 01:02:03.004\nif a &lt;b and c&gt; d, R&amp;D\n"
+    )
+    assert render_transcript(finals, ".txt") == "if a <b and c> d, R&D\n"
+    assert render_transcript(finals, ".srt").endswith("\nif a <b and c> d, R&D\n")
 
 
 def test_client_reports_a_missing_daemon(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ words plain, the unstable tail dim; each final is printed on its own line.
 
 from __future__ import annotations
 
+import html
 import json
 import shutil
 import sys
@@ -74,8 +75,10 @@ def format_clock(ms: int, sep: str = ".") -> str:
 def render_transcript(finals: list[dict[str, Any]], suffix: str) -> str:
     """Plain text, WebVTT or SubRip, chosen by the output file's suffix."""
     if suffix == ".vtt":
+        # Cue text is markup in WebVTT: "&", "<" and ">" are escaped (the page's export too).
         cues = [
-            f"{format_clock(f['start_ms'])} --> {format_clock(f['end_ms'])}\n{f['text']}\n"
+            f"{format_clock(f['start_ms'])} --> {format_clock(f['end_ms'])}\n"
+            f"{html.escape(f['text'], quote=False)}\n"
             for f in finals
         ]
         return "WEBVTT\n\n" + "\n".join(cues)
