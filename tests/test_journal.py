@@ -228,8 +228,34 @@ def test_retention_by_total_size_oldest_first(journal_dir: Path) -> None:
     assert [f.exists() for f in files] == [False, True, True]
 
 
-def test_retention_never_deletes_an_open_file(journal_dir: Path) -> None:
+def test_retention_runs_once_a_minute_not_for_every_new_file(
+    journal_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Twenty sessions opening at once (a meeting on the hour, clients back after a restart)
+    do not each list the folder on the writer thread that every final waits for."""
     journal = Journal(JournalConfig(dir=str(journal_dir), max_age_days=1))
+    runs: list[float] = []
+    real = journal._retain
+
+    def counted() -> None:
+        runs.append(time.monotonic())
+        real()
+
+    monkeypatch.setattr(journal, "_retain", counted)
+    journal.start()
+
+    async def run() -> None:
+        for i in range(20):
+            await _open(journal, f"s{i}").append_final(_final(0))
+
+    asyncio.run(run())
+    journal.stop()
+    assert len(runs) == 1, "retention ran at the start only"
+    assert len(list(journal_dir.iterdir())) == 20
+
+
+def test_retention_never_deletes_an_open_file(journal_dir: Path) -> None:
+    journal = Journal(JournalConfig(dir=str(journal_dir), max_age_days=1), retain_every_s=0)
     journal.start()
 
     async def run() -> None:

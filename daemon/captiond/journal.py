@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import threading
@@ -89,9 +90,16 @@ class _Item:
 class Journal:
     """The journal folder and its writer thread; `open_session` once per client session."""
 
-    def __init__(self, config: JournalConfig, *, retain: bool = True) -> None:
+    def __init__(
+        self, config: JournalConfig, *, retain: bool = True, retain_every_s: float = 60.0
+    ) -> None:
         self._config = config
         self._retains = retain
+        # Retention lists the whole folder (a month of a busy daemon: 30,000 files, 0.3 s),
+        # on the writer thread that every stream's finals wait for: after the start, at
+        # most once per `retain_every_s` when files are created, not for every one.
+        self._retain_every_s = retain_every_s
+        self._retained_at_s = -math.inf  # monotonic; by start(), then the writer thread
         self._dir = Path(config.dir)
         self._queue: list[_Item] = []
         self._cond = threading.Condition()
@@ -242,6 +250,8 @@ class Journal:
         self._open.add(target)
         self._dir_dirty = True
         _write_all(target, _line({**target.header, "part": part}))
+        if time.monotonic() - self._retained_at_s < self._retain_every_s:
+            return
         try:
             self._retain()
         except OSError as exc:
@@ -258,6 +268,7 @@ class Journal:
         """Delete files older than max_age_days, then the oldest while over max_total_bytes."""
         if not self._retains:
             return
+        self._retained_at_s = time.monotonic()
         busy = {t.path for t in self._open}
         files: list[tuple[float, str, Path, int]] = []
         for entry in os.scandir(self._dir):
