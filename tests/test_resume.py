@@ -184,6 +184,35 @@ def test_a_new_connection_takes_over_a_half_open_one() -> None:
     run(scenario())
 
 
+def test_streams_held_for_a_resume_count_against_their_address() -> None:
+    """Connecting and dropping leaves a stream held (and a session slot taken) for `resume_s`.
+    An address's held streams count with its open ones: at its limit, its new stream ends
+    its oldest held one, so one address cannot fill the daemon without sending audio."""
+
+    async def scenario() -> None:
+        config = make_config(server={"max_sessions": 8, "max_sessions_per_ip": 2})
+        async with running_daemon(config) as daemon:
+            tokens = []
+            for _ in range(3):
+                conn = await connect(url(daemon))
+                tokens.append(json.loads(await conn.recv())["resume_token"])
+                drop(conn)
+                for _ in range(100):  # the stream let go finishes its (no) finals
+                    if daemon.sessions_open <= 2:
+                        break
+                    await asyncio.sleep(0.05)
+                assert daemon.sessions_open <= 2
+            async with connect(resume_url(url(daemon), tokens[0])) as oldest:
+                assert (await collect(oldest)).close_code == 4410, "let go for the third"
+            for token in tokens[1:]:
+                async with connect(resume_url(url(daemon), token)) as again:
+                    assert json.loads(await again.recv())["type"] == "resumed"
+                    await again.send(json.dumps({"type": "end"}))
+                    assert (await collect(again)).of("done")
+
+    run(scenario())
+
+
 def test_resume_off_gives_no_token() -> None:
     async def scenario() -> None:
         async with running_daemon(make_config(server={"resume_s": 0})) as daemon:

@@ -118,11 +118,32 @@ def check_token(
 
 
 class ConnectionsPerIp:
-    """Open websocket connections per client IP address."""
+    """Open websocket connections per client IP address, and the streams each address left
+    held for a resume (dropped, not ended): those still take a session slot, so they count
+    with the address's open connections when it opens a new stream, or one address could
+    fill the daemon by connecting and dropping."""
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._open: Counter[str] = Counter()
+        self._held: dict[str, str] = {}  # session id -> the address that last streamed it
+
+    def hold(self, session_id: str, ip: str) -> None:
+        self._held[session_id] = ip
+
+    def release(self, session_id: str) -> None:
+        """The stream is streamed again (resumed), has ended, or was let go."""
+        self._held.pop(session_id, None)
+
+    def over_limit(self, ip: str) -> list[str]:
+        """The streams `ip` holds to let go, oldest first, so that they and its open
+        connections (the new stream's included) fit its limit; they are released here."""
+        held = [session_id for session_id, held_ip in self._held.items() if held_ip == ip]
+        excess = self._open[ip] + len(held) - self._limit
+        let_go = held[: max(0, excess)]
+        for session_id in let_go:
+            del self._held[session_id]
+        return let_go
 
     def try_open(self, ip: str) -> bool:
         if self._open[ip] >= self._limit:

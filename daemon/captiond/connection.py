@@ -311,7 +311,7 @@ class LiveStream:
             # two, and a short half decodes to nothing (JFK's "what" was lost that way).
             self._drop_final = loop.call_later(self._config.drop_grace_s, self._finalize_dropped)
         if self.resume_key is not None and not self.released.is_set():
-            self._expiry = loop.call_later(self._config.resume_s, self._expire)
+            self._expiry = loop.call_later(self._config.resume_s, self.let_go)
 
     def _finalize_dropped(self) -> None:
         """The client did not come back within `drop_grace_s`: the open utterance's final is
@@ -328,7 +328,9 @@ class LiveStream:
                 self._config.resume_s, self._release
             )
 
-    def _expire(self) -> None:
+    def let_go(self) -> None:
+        """Nobody resumed it in time (`resume_s`), or its address needs the slot: its input
+        ends (the finals due still come, for the journal) and it can no longer be resumed."""
         if self._conn is None:
             self._end_input()
             self._release()

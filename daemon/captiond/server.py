@@ -342,7 +342,7 @@ class Daemon:
             if endpoint is None:
                 await self._watch(conn, query.get("source", ""), parse_since(query))
             else:
-                await self._stream(conn, query, dialect, endpoint.resumable)
+                await self._stream(conn, ip, query, dialect, endpoint.resumable)
         except SessionError as exc:
             await send_error(conn, exc, dialect)
         finally:
@@ -362,20 +362,33 @@ class Daemon:
         log.debug("close viewer source=%s peer=%s", name, conn.remote_address)
 
     async def _stream(
-        self, conn: ServerConnection, query: dict[str, str], dialect: Dialect, resumable: bool
+        self,
+        conn: ServerConnection,
+        ip: str,
+        query: dict[str, str],
+        dialect: Dialect,
+        resumable: bool,
     ) -> None:
         resume = parse_resume(query) if resumable else None
         if resume is not None:
-            await self._take_back(conn, resume, dialect)
-            return
-        params = self._stream_params(dialect)
-        key: ResumeKey | None = None
-        token: str | None = None
-        if resumable and self.config.server.resume_s > 0:
-            key, token = ResumeKey.new(self._new_session_id())
-        live = self._open_stream(conn, params, resume_key=key)
-        ready = self._ready(live, token)
-        await live.serve(conn, dialect, lambda _: ready)
+            live = await self._take_back(conn, resume, dialect)
+        else:
+            params = self._stream_params(dialect)
+            # At its limit, an address's new stream ends its oldest one held for a resume
+            # (a reload, a client that did not resume): the new one is the one in use.
+            for session_id in self._per_ip.over_limit(ip):
+                if (held := self._live.get(session_id)) is not None:
+                    log.info("session %s let go: %s opened a stream at its limit", held.id, ip)
+                    held.let_go()
+            key: ResumeKey | None = None
+            token: str | None = None
+            if resumable and self.config.server.resume_s > 0:
+                key, token = ResumeKey.new(self._new_session_id())
+            live = self._open_stream(conn, params, resume_key=key)
+            ready = self._ready(live, token)
+            await live.serve(conn, dialect, lambda _: ready)
+        if live.detached_at_s is not None and not live.finished.is_set() and live.resumable:
+            self._per_ip.hold(live.id, ip)  # until it is resumed, ends or is let go
 
     def _stream_params(self, dialect: Dialect) -> StreamParams:
         english_only = self.decoder.engine_info.english_only
@@ -461,6 +474,7 @@ class Daemon:
         pump = asyncio.create_task(live.run())
         try:
             await live.finished.wait()
+            self._per_ip.release(live.id)  # it takes no session slot any more
             # Its audio is needed no more (a resume only replays finals): the engine's copy
             # goes now, not when the stream is let go.
             self.decoder.forget(live.id)
@@ -470,6 +484,7 @@ class Daemon:
             pump.cancel()
             if self._live.get(live.id) is live:
                 del self._live[live.id]
+                self._per_ip.release(live.id)
             self.decoder.forget(live.id)  # a stream cut off before it finished (shutdown)
 
     async def _ended(self, live: LiveStream, peer: str) -> None:
@@ -498,9 +513,10 @@ class Daemon:
 
     async def _take_back(
         self, conn: ServerConnection, resume: ResumeRequest, dialect: Dialect
-    ) -> None:
+    ) -> LiveStream:
         """Give the stream a resume token names, from memory or (after a restart) the journal,
-        to `conn`: `resumed`, the finals to replay, then the stream goes on."""
+        to `conn`: `resumed`, the finals to replay, then the stream goes on until `conn`
+        ends."""
         session_id = session_of_token(resume.token)
         live = self._live.get(session_id)
         gap_ms = None
@@ -532,7 +548,9 @@ class Daemon:
                 replayed=len(replay),
             )
 
+        self._per_ip.release(live.id)  # streamed again: counted by its connection
         await live.serve(conn, dialect, resumed, resume=True, since=resume.since)
+        return live
 
     async def _journaled(self, session_id: str) -> JournalSession:
         """The journal's record of a session this daemon does not hold (read on a thread)."""
