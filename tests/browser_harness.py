@@ -88,6 +88,9 @@ class Page:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.console: list[str] = []
+        # What `serve` answers for its URL pattern; the tasks answering requests.
+        self._served = ""
+        self._answers: set[asyncio.Task[Any]] = set()
         self._reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
@@ -106,6 +109,22 @@ class Page:
                 )
             elif msg.get("method") == "Runtime.exceptionThrown":
                 self.console.append(str(msg["params"]["exceptionDetails"]))
+            elif msg.get("method") == "Fetch.requestPaused":
+                # Answered by a task: a call waits for its reply, which this loop reads.
+                answer = asyncio.create_task(self._answer(msg["params"]["requestId"]))
+                self._answers.add(answer)
+                answer.add_done_callback(self._answers.discard)
+
+    async def _answer(self, request_id: str) -> None:
+        body = base64.b64encode(self._served.encode()).decode()
+        headers = [{"name": "Content-Type", "value": "text/javascript"}]
+        await self.call(
+            "Fetch.fulfillRequest",
+            requestId=request_id,
+            responseCode=200,
+            responseHeaders=headers,
+            body=body,
+        )
 
     async def call(self, method: str, **params: Any) -> dict[str, Any]:
         msg_id = next(self._ids)
@@ -125,6 +144,12 @@ class Page:
         if "exceptionDetails" in result:
             raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
         return result["result"].get("value")
+
+    async def serve(self, url_pattern: str, script: str) -> None:
+        """Answer the page's requests for `url_pattern` (`*` wildcards) with `script`: a test's
+        instrumented copy of one of the page's scripts."""
+        self._served = script
+        await self.call("Fetch.enable", patterns=[{"urlPattern": url_pattern}])
 
     async def navigate(self, url: str) -> None:
         await self.call("Page.navigate", url=url)
@@ -195,7 +220,7 @@ def click(button_id: str) -> str:
 
 
 def click_mode(mode: str) -> str:
-    return f"document.querySelector('[data-mode={mode}]').click()"
+    return f"document.querySelector('button[data-mode={mode}]').click()"
 
 
 def choose_theme(theme: str) -> str:

@@ -12,6 +12,7 @@ its connection is test_browser_session.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -155,6 +156,157 @@ def test_refused_session_shows_the_error_code(browser: str) -> None:
 
     text = asyncio.run(scenario())
     assert "refused" in text and "token is required" in text and "HTTP 401" in text
+
+
+def test_stop_while_the_audio_starts_releases_the_microphone(browser: str) -> None:
+    """A slow audio device: Stop while the audio graph is still starting ends it all. No
+    microphone stays live, no session is opened, and Start is offered again."""
+    slow_audio = """
+      const resume = AudioContext.prototype.resume;
+      AudioContext.prototype.resume = function () {
+        return new Promise((ok) => setTimeout(() => resume.call(this).then(ok), 1500));
+      };
+      const open = MediaDevices.prototype.getUserMedia;
+      MediaDevices.prototype.getUserMedia = async function (constraints) {
+        return (window.__stream = await open.call(this, constraints));
+      };"""
+
+    async def scenario() -> None:
+        async with running_daemon() as daemon, open_page(browser) as page:
+            await page.call("Page.addScriptToEvaluateOnNewDocument", source=slow_audio)
+            await page.navigate(page_url(daemon))
+            await page.evaluate(click("start"))
+            await page.wait_for("state.dataset.state === 'connecting'", "connecting")
+            await page.evaluate(click("stop"))
+            await asyncio.sleep(3)  # the audio graph has started by now
+            assert await page.evaluate("window.__stream.getTracks()[0].readyState") == "ended"
+            assert await page.evaluate("state.dataset.state") == "stopped"
+            assert not await page.evaluate("document.getElementById('start').disabled")
+            assert await page.evaluate("document.getElementById('stop').disabled")
+            assert daemon.sessions_total == 0
+            # And it starts again.
+            await page.evaluate(click("start"))
+            await page.wait_for("state.dataset.state === 'live'", "live")
+
+    asyncio.run(scenario())
+
+
+# Each capture processor posts how often process() ran: a copy of worklet.js with this first.
+COUNT_PROCESS_CALLS = """const register = registerProcessor;
+globalThis.registerProcessor = (name, processor) => {
+  const process = processor.prototype.process;
+  processor.prototype.process = function (...args) {
+    this.calls = (this.calls ?? 0) + 1;
+    if (this.calls % 25 === 0) this.port.postMessage({ type: 'calls', calls: this.calls });
+    return process.apply(this, args);
+  };
+  register(name, processor);
+};
+"""
+# The page keeps the newest count of each capture node, in the order they were made.
+KEEP_PROCESS_CALLS_JS = """window.__calls = [];
+window.AudioWorkletNode = class extends AudioWorkletNode {
+  constructor(...args) {
+    super(...args);
+    const i = window.__calls.push(0) - 1;
+    this.port.addEventListener('message', (event) => {
+      if (event.data.type === 'calls') window.__calls[i] = event.data.calls;
+    });
+  }
+};"""
+
+
+def test_a_stopped_capture_stops_processing_audio(browser: str) -> None:
+    """Each Start makes a capture processor; once its session stopped, it no longer runs on
+    the audio thread (the next session's does)."""
+    worklet = (REPO_ROOT / "clients" / "web" / "worklet.js").read_text()
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        async with running_daemon() as daemon, open_page(browser) as page:
+            await page.serve("*/worklet.js", COUNT_PROCESS_CALLS + worklet)
+            await page.call("Page.addScriptToEvaluateOnNewDocument", source=KEEP_PROCESS_CALLS_JS)
+            await page.navigate(page_url(daemon))
+            for _ in range(2):
+                await page.evaluate(click("start"))
+                await page.wait_for("state.dataset.state === 'live'", "live")
+                await page.wait_for("window.__calls.at(-1) > 0", "the capture running")
+                await asyncio.sleep(1)
+                await page.evaluate(click("stop"))
+                await page.wait_for("state.dataset.state === 'done'", "done")
+            await page.evaluate(click("start"))
+            await page.wait_for("state.dataset.state === 'live'", "live")
+            await asyncio.sleep(0.5)
+            first: list[int] = await page.evaluate("window.__calls")
+            await asyncio.sleep(1.5)
+            later: list[int] = await page.evaluate("window.__calls")
+            return first, later
+
+    first, later = asyncio.run(scenario())
+    assert len(later) == 3, later
+    assert later[:2] == first[:2], (first, later)
+    assert later[2] > first[2], (first, later)
+
+
+class HostRewritingProxy:
+    """A reverse proxy that forwards with the daemon's own Host (nginx without
+    `proxy_set_header Host`): the page's Origin, its own address, is not the daemon's."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.connections = 0
+
+    async def __aenter__(self) -> HostRewritingProxy:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.close()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        head = await reader.readuntil(b"\r\n\r\n")
+        host = f"Host: 127.0.0.1:{self.target_port}".encode()
+        lines = [
+            host if line.lower().startswith(b"host:") else line for line in head.split(b"\r\n")
+        ]
+        up_writer.write(b"\r\n".join(lines))
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
+def test_a_refused_origin_is_explained_and_not_retried(browser: str) -> None:
+    """The daemon refuses the page's origin (403 before the upgrade); the plain request the
+    page asks it with carries no Origin and gets 426. The page says what to configure and
+    stops trying, rather than "Cannot reach the daemon" for ever."""
+
+    async def scenario() -> None:
+        async with (
+            running_daemon() as daemon,
+            HostRewritingProxy(daemon.port) as proxy,
+            open_page(browser) as page,
+        ):
+            await page.navigate(f"http://127.0.0.1:{proxy.port}/")
+            await page.evaluate(click("start"))
+            await page.wait_for("state.dataset.state === 'error'", "the refusal")
+            text = await notice(page)
+            assert f"origin (http://127.0.0.1:{proxy.port}) may not connect" in text, text
+            assert "allowed_origins" in text, text
+            assert not await page.evaluate("document.getElementById('start').disabled")
+            tries = proxy.connections
+            await asyncio.sleep(3)
+            assert proxy.connections == tries
+            assert daemon.sessions_total == 0
+
+    asyncio.run(scenario())
 
 
 def test_token_task_and_the_names_field_reach_the_daemon(tmp_path: Path) -> None:
@@ -361,6 +513,34 @@ def test_every_text_and_button_has_4_5_to_1_contrast_in_both_themes(browser: str
 
     low = asyncio.run(scenario())
     assert not low, sorted(set(low))
+
+
+def test_a_click_in_the_transcript_leaves_it_where_the_reader_scrolled(browser: str) -> None:
+    """Rereading a long transcript: a click on a caption (to select it) neither jumps to the
+    end nor marks anything pressed; only the mode buttons switch the mode."""
+    entries = [
+        {"start_ms": i * 4000, "end_ms": i * 4000 + 1500, "text": f"line {i}"} for i in range(200)
+    ]
+    stored = {"version": 1, "endMs": 800_000, "entries": entries}
+
+    async def scenario() -> tuple[int, int, bool]:
+        async with running_daemon() as daemon, open_page(browser) as page:
+            await page.navigate(page_url(daemon))
+            await page.evaluate(
+                f"localStorage.setItem('captiond.transcript', {json.dumps(json.dumps(stored))})"
+            )
+            await page.navigate(page_url(daemon))
+            await page.evaluate("captions.scrollTop = 100")
+            await page.evaluate("document.querySelector('#transcript .final .text').click()")
+            top, room = await page.evaluate(
+                "[captions.scrollTop, captions.scrollHeight - captions.clientHeight]"
+            )
+            pressed = await page.evaluate("document.documentElement.hasAttribute('aria-pressed')")
+            return top, room, pressed
+
+    top, room, pressed = asyncio.run(scenario())
+    assert room > 100 and top == 100, (top, room)
+    assert not pressed
 
 
 async def run_in_page(browser: str, script: str) -> Any:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 from browser_harness import (
     FINAL_TEXTS_JS,
+    Page,
     click,
     finals_at_least,
     launch_chromium,
@@ -31,6 +33,7 @@ from browser_harness import (
     tone,
     write_capture,
 )
+from conftest import REPO_ROOT
 from daemon_harness import make_config, running_daemon
 
 from captiond.config import Config, SourceConfig
@@ -260,6 +263,44 @@ def test_a_20_s_network_drop_loses_no_speech(burst_browser: str) -> None:
     asyncio.run(scenario())
 
 
+def test_a_drop_longer_than_a_new_session_takes_says_what_was_skipped(burst_browser: str) -> None:
+    """Away longer than the daemon keeps a session (2 s here) and longer than a new session
+    takes at once (50 s, here 5 s): the page says how much audio was not transcribed, and the
+    new session's finals keep the times they were said at on the page's timeline."""
+    app = (REPO_ROOT / "clients" / "web" / "app.js").read_text()
+    scaled = app.replace("const FRESH_RESEND_MS = 50_000;", "const FRESH_RESEND_MS = 5_000;")
+    assert scaled != app
+
+    async def scenario() -> None:
+        async with (
+            running_daemon(make_config(server={"resume_s": 2.0})) as daemon,
+            FlakyNetwork(daemon.port) as network,
+            open_page(burst_browser) as page,
+        ):
+            await page.serve("*/app.js", scaled)
+            await page.navigate(f"http://127.0.0.1:{network.port}/")
+            await page.evaluate(click("start"))
+            before = await finals_at_least(page, 2)
+            network.cut()
+            await asyncio.sleep(14)
+            network.down = False
+            await page.wait_for("state.dataset.state === 'live'", "the reconnect", 30)
+            text = await notice(page)
+            assert "A new session started" in text, text
+            skipped = re.search(r"([\d.]+) s of audio recorded while disconnected were not", text)
+            assert skipped and float(skipped[1]) > 14 - 5 - 1, text
+            await finals_at_least(page, len(before) + 2, 30)
+            await page.evaluate(click("stop"))
+            await page.wait_for("state.dataset.state === 'done'", "done")
+            assert daemon.sessions_total == 2
+            # Each final ends a burst, on the bursts' schedule, but the last (cut by Stop).
+            ends = [e["end_ms"] for e in await page.evaluate(STORED_JS)][:-1]
+            offsets = [(end - ends[0]) % (PERIOD_S * 1000) for end in ends]
+            assert all(min(o, PERIOD_S * 1000 - o) < 600 for o in offsets), ends
+
+    asyncio.run(scenario())
+
+
 def test_stop_during_a_drop_still_gets_the_last_finals(burst_browser: str) -> None:
     """Stop: the last audio and `end` are lost with the connection. The page resumes the
     session, sends them again and gets the last final and `done`."""
@@ -308,6 +349,39 @@ def test_stop_while_reconnecting_stops_trying(burst_browser: str) -> None:
             async with running_daemon(make_config(server={"port": port})) as second:
                 await asyncio.sleep(4)  # past several backoffs
                 assert second.sessions_total == 0
+
+    asyncio.run(scenario())
+
+
+def test_two_tabs_keep_each_others_finals(burst_browser: str) -> None:
+    """Two tabs of the page share the stored transcript: each shows the other's finals as they
+    are stored, and neither's session overwrites the other's."""
+
+    async def session(page: Page, finals: int) -> None:
+        await page.evaluate(click("start"))
+        await finals_at_least(page, finals)
+        await page.evaluate(click("stop"))
+        await page.wait_for("state.dataset.state === 'done'", "done")
+
+    async def scenario() -> None:
+        async with (
+            running_daemon() as daemon,
+            open_page(burst_browser) as first,
+            open_page(burst_browser) as second,
+        ):
+            await first.navigate(page_url(daemon))
+            await second.navigate(page_url(daemon))
+            await second.evaluate("localStorage.clear()")
+            await second.navigate(page_url(daemon))
+            await session(second, 2)
+            theirs = await second.evaluate(FINAL_TEXTS_JS)
+            assert await first.evaluate(FINAL_TEXTS_JS) == theirs
+            await session(first, len(theirs) + 1)
+            both = await first.evaluate(FINAL_TEXTS_JS)
+            assert both[: len(theirs)] == theirs
+            assert await second.evaluate(FINAL_TEXTS_JS) == both
+            await second.navigate(page_url(daemon))
+            assert await second.evaluate(FINAL_TEXTS_JS) == both
 
     asyncio.run(scenario())
 
@@ -377,5 +451,44 @@ def test_viewer_reconnects_after_a_restart_and_shows_a_missing_microphone(
                 after = await finals_at_least(page, len(before) + 1)
                 assert after[: len(before)] == before
                 assert await page.evaluate("notice.hidden")
+
+    asyncio.run(scenario())
+
+
+# The segments of the finals with text that reached the page, over all its connections.
+RECORD_FINALS_JS = """window.__segments = new Set();
+window.WebSocket = class extends WebSocket {
+  constructor(...args) {
+    super(...args);
+    this.addEventListener('message', (event) => {
+      const msg = JSON.parse(event.data);
+      if (msg.type === 'final' && msg.text.trim()) window.__segments.add(msg.segment);
+    });
+  }
+};"""
+
+
+def test_a_viewer_stopped_and_watching_again_shows_each_final_once(burst_browser: str) -> None:
+    """Watch after Stop goes on from the finals the page holds: the daemon's backlog is not
+    appended a second time."""
+
+    async def scenario() -> None:
+        config = dataclasses.replace(make_config(), sources=(SourceConfig(name="room"),))
+        async with (
+            running_daemon(config, audio_input=LoopingInput(bursts())) as daemon,
+            open_page(burst_browser) as page,
+        ):
+            await page.call("Page.addScriptToEvaluateOnNewDocument", source=RECORD_FINALS_JS)
+            await page.navigate(page_url(daemon, "watch=room"))
+            await page.wait_for("state.dataset.state === 'watching'", "watching")
+            await finals_at_least(page, 2)
+            await page.evaluate(click("stop"))
+            await page.wait_for("state.dataset.state === 'stopped'", "stopped")
+            before = await page.evaluate(FINAL_TEXTS_JS)
+            await page.evaluate(click("start"))  # "Watch"
+            await page.wait_for("state.dataset.state === 'watching'", "watching again")
+            after = await finals_at_least(page, len(before) + 1)
+            assert after[: len(before)] == before
+            assert len(after) == await page.evaluate("window.__segments.size"), after
 
     asyncio.run(scenario())

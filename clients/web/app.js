@@ -38,13 +38,14 @@ const ui = {
 };
 // A viewer's transcript comes back from the daemon's backlog on a reload; the microphone's
 // exists only in this browser, so it is kept in localStorage.
+const TRANSCRIPT_KEY = "captiond.transcript";
 const view = new CaptionView({
   scroller: $("captions"),
   list: $("transcript"),
   live: $("live"),
   captionBox: $("caption-box"),
   announcer: $("announcer"),
-  storageKey: watchName ? null : "captiond.transcript",
+  storageKey: watchName ? null : TRANSCRIPT_KEY,
 });
 
 // The running microphone session or viewer; null when idle.
@@ -153,7 +154,7 @@ async function startMicrophone() {
     showNotice(err.message);
     return;
   }
-  const m = { pcm: new PcmBuffer(), base: 0, sent: 0, freshFrom: 0, sessions: 0, token: null, resumeS: 0 };
+  const m = { stream, pcm: new PcmBuffer(), base: 0, sent: 0, freshFrom: 0, sessions: 0, token: null, resumeS: 0 };
   m.link = new Link(() => streamUrl(m), {
     hello: (msg) => micHello(m, msg),
     message: (msg) => micMessage(m, msg),
@@ -165,11 +166,14 @@ async function startMicrophone() {
     m.capture = await startCapture(stream, (pcm, dbfs) => micAudio(m, pcm, dbfs));
   } catch (err) {
     stream.getTracks().forEach((track) => track.stop());
+    if (current !== m) return; // stopped meanwhile: that is what the page says
     current = null;
     setState("error", "no audio");
     showNotice(`Audio capture failed: ${err.message}`);
     return;
   }
+  // Stop while the audio graph was starting (a slow audio device): nothing to connect.
+  if (current !== m) return releaseMicrophone(m);
   m.link.connect();
 }
 
@@ -212,13 +216,13 @@ function micHello(m, msg) {
     if (lostMs > 0) showNotice(`${after}; ${seconds(lostMs)} of audio could not be sent again.`, "warn");
     else showNotice(`${after}; nothing was lost.`, "info");
   } else {
-    if (m.sessions > 0) {
-      // The session before this one ended where its audio did; this one is placed after it.
-      view.transcript.noteAudio(bytesToMs(m.freshFrom - m.base));
-      const why = m.lost ?? "The daemon does not resume sessions ([server] resume_s = 0).";
-      showNotice(`${why} A new session started; the transcript so far is kept.`, "warn");
-    }
     from = Math.max(m.freshFrom, m.pcm.end - msToBytes(FRESH_RESEND_MS), m.pcm.start);
+    freshNotice(m, bytesToMs(from - m.freshFrom));
+    if (m.sessions > 0) {
+      // This session is placed after the one before it and after the audio skipped between
+      // them, so that later cues keep the time they were said at.
+      view.transcript.noteAudio(bytesToMs(from - m.base));
+    }
     m.base = from;
     m.sessions += 1;
     view.transcript.startSession();
@@ -236,6 +240,21 @@ function micHello(m, msg) {
     setState("stopping", "finishing");
   } else {
     setState("live", "live");
+  }
+}
+
+// What the user reads as a session starts: why a new one replaced a lost one, and whether
+// audio recorded meanwhile was skipped (more than a new session takes at once).
+function freshNotice(m, skippedMs) {
+  const lost = `${seconds(skippedMs)} of audio recorded while disconnected were not transcribed.`;
+  const skipped = skippedMs > 0 ? ` ${lost}` : "";
+  if (m.sessions > 0) {
+    const why = m.lost ?? "The daemon does not resume sessions ([server] resume_s = 0).";
+    showNotice(`${why} A new session started; the transcript so far is kept.${skipped}`, "warn");
+  } else if (skipped) {
+    showNotice(`Connected.${skipped}`, "warn");
+  } else {
+    hideNotice(); // "Cannot reach the daemon" while Start waited for it
   }
 }
 
@@ -311,6 +330,8 @@ function sendEnd(m) {
 }
 
 function releaseMicrophone(m) {
+  // The tracks too: a Stop while the audio graph is starting finds no capture to stop yet.
+  m.stream.getTracks().forEach((track) => track.stop());
   m.capture?.stop();
   m.capture = null;
   setLevel(-Infinity);
@@ -334,27 +355,30 @@ function sourceView(msg) {
   }
 }
 
+// Whether the next viewer connection starts the source's stream anew (on the page's first
+// Watch, or after the daemon restarted); otherwise it asks for the finals after the ones the
+// page holds (`since`), also on a Watch after Stop, so the backlog is not shown twice.
+let watchFresh = true;
+
 function startWatching() {
   hideNotice();
   setState("connecting", "connecting");
-  // `fresh`: the next connection starts the source's stream anew (first, or a new daemon).
-  const w = { fresh: true };
-  w.link = new Link(
+  const link = new Link(
     () => {
       const params = { source: watchName };
-      if (!w.fresh) params.since = String(view.transcript.nextSegment);
+      if (!watchFresh) params.since = String(view.transcript.nextSegment);
       return endpoint("v1/captions", params);
     },
-    { hello: () => watchOpen(w), message: watchMessage, down: (info) => watchDown(w, info) },
+    { hello: watchOpen, message: watchMessage, down: watchDown },
     { greetedOnOpen: true },
   );
-  current = w;
-  w.link.connect();
+  current = { link };
+  link.connect();
 }
 
-function watchOpen(w) {
-  if (w.fresh) view.transcript.startSession();
-  w.fresh = false;
+function watchOpen() {
+  if (watchFresh) view.transcript.startSession();
+  watchFresh = false;
   hideNotice();
   // Neutral until the source says how it is: never "watching" over a missing microphone.
   setState("connected", "connected");
@@ -372,11 +396,11 @@ function watchMessage(msg) {
   }
 }
 
-function watchDown(w, info) {
+function watchDown(info) {
   view.clearLive();
   if (info.action === "retry") {
     // A daemon that stopped comes back with a new stream for the source: no `since`.
-    if (isRestart(info)) w.fresh = true;
+    if (isRestart(info)) watchFresh = true;
     setState("reconnecting", "reconnecting");
     showNotice(retryMessage(info, isRestart(info)), "warn");
     return;
@@ -411,11 +435,20 @@ ui.clear.addEventListener("click", () => {
   transcriptChanged();
 });
 
+// Another tab of this page stored the transcript (its finals, a Clear): this tab goes on from
+// that, so that neither tab's next save overwrites the other's finals.
+window.addEventListener("storage", (event) => {
+  if (watchName || event.key !== TRANSCRIPT_KEY) return;
+  view.reload();
+  transcriptChanged();
+});
+
 // Back online after a drop: connect now rather than at the end of the backoff.
 window.addEventListener("online", () => current?.link.retryNow());
 
 initSettings({
-  modeButtons: document.querySelectorAll("[data-mode]"),
+  // The buttons only: <html> carries data-mode too, and every click bubbles up to it.
+  modeButtons: document.querySelectorAll("button[data-mode]"),
   size: $("size"),
   theme: $("theme"),
   onMode: () => view.followEnd(),

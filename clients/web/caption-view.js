@@ -55,10 +55,22 @@ export class CaptionView {
   }
 
   render() {
-    this.list.replaceChildren(...this.transcript.entries.map((entry) => this.item(entry)));
+    this.renderList();
     this.renderCaptions();
     this.clearLive();
     this.followEnd();
+  }
+
+  // The stored transcript changed in another tab of this page: shown as it now is, keeping the
+  // reader's place and this tab's live line.
+  reload() {
+    this.transcript.load();
+    this.keepScrolled(() => this.renderList());
+    this.renderCaptions();
+  }
+
+  renderList() {
+    this.list.replaceChildren(...this.transcript.entries.map((entry) => this.item(entry)));
   }
 
   followEnd() {

@@ -74,6 +74,7 @@ export async function startCapture(stream, onAudio) {
       }),
     stop: () => {
       node.port.onmessage = null;
+      node.port.postMessage("stop");
       source.disconnect();
       node.disconnect();
       stream.getTracks().forEach((track) => track.stop());

@@ -32,18 +32,22 @@ export function closeAction({ done, stopped, error, code, opened, refusal }) {
 }
 
 // A handshake the daemon refuses (token, origin) reaches a page only as close 1006; the same
-// request over plain HTTP gets the daemon's answer.
-async function refusalOf(url) {
+// request over plain HTTP gets the daemon's answer: {status, text}, or null if unreachable.
+async function plainAnswer(url) {
   try {
     const resp = await fetch(url.replace(/^ws/, "http"), { cache: "no-store" });
-    if (resp.status === 401 || resp.status === 403) {
-      return `${(await resp.text()).trim()} (HTTP ${resp.status})`;
-    }
+    return { status: resp.status, text: (await resp.text()).trim() };
   } catch {
-    // Unreachable: the caller says so.
+    return null; // the caller says so
   }
-  return null;
 }
+
+// A browser sends no Origin with a same-origin GET, so where the websocket's Origin was
+// refused (403), the plain request passes and gets 426: "a websocket endpoint".
+const UPGRADE_REFUSED =
+  `this page's origin (${location.origin}) may not connect, or a proxy in between does not pass ` +
+  "websocket upgrades: the daemon answers plain requests but refused the websocket. " +
+  "List the origin in the daemon's [server] allowed_origins.";
 
 export class Link {
   // `url()`: the URL of the next attempt. `on.hello(msg)`: `ready` or `resumed` arrived (with
@@ -59,6 +63,8 @@ export class Link {
     this.greeted = false;
     this.ws = null;
     this.timer = null;
+    // The last failed handshake's plain request got 426 (see refusalOf).
+    this.upgradeRefused = false;
   }
 
   // Open and greeted: audio and acks may be sent.
@@ -81,6 +87,7 @@ export class Link {
     ws.binaryType = "arraybuffer";
     ws.onopen = () => {
       info.opened = true;
+      this.upgradeRefused = false;
       if (this.greetedOnOpen) greet(null);
     };
     ws.onmessage = (event) => {
@@ -96,7 +103,7 @@ export class Link {
     };
     ws.onclose = async (event) => {
       info.code = event.code;
-      if (!info.opened && !this.stopped) info.refusal = await refusalOf(url);
+      if (!info.opened && !this.stopped) info.refusal = await this.refusalOf(url);
       if (this.ws !== ws) return;
       this.ws = null;
       info.action = closeAction({ ...info, stopped: this.stopped });
@@ -108,6 +115,17 @@ export class Link {
       }
       this.on.down(info);
     };
+  }
+
+  // Why the daemon refused the handshake to `url`; null: it did not (unreachable, or not
+  // sure yet). A 426 counts only the second time in a row: the first may come from a daemon
+  // that came back between the websocket and the plain request.
+  async refusalOf(url) {
+    const answer = await plainAnswer(url);
+    if (answer?.status === 401 || answer?.status === 403) return `${answer.text} (HTTP ${answer.status})`;
+    const again = this.upgradeRefused;
+    this.upgradeRefused = answer?.status === 426;
+    return this.upgradeRefused && again ? UPGRADE_REFUSED : null;
   }
 
   send(data) {

@@ -82,11 +82,15 @@ class CaptureProcessor extends AudioWorkletProcessor {
     this.mono = new Float32Array(128);
     this.resampled = new Float32Array(256);
     this.startChunk();
-    // The main thread asks for the partial last chunk before it sends {"type":"end"}.
+    this.stopped = false;
+    // The main thread asks for the partial last chunk before it sends {"type":"end"}, and
+    // says "stop" when its capture ends.
     this.port.onmessage = (event) => {
       if (event.data === "flush") {
         this.postChunk();
         this.port.postMessage({ type: "flushed" });
+      } else if (event.data === "stop") {
+        this.stopped = true;
       }
     };
   }
@@ -98,6 +102,9 @@ class CaptureProcessor extends AudioWorkletProcessor {
   }
 
   process(inputs) {
+    // false: the browser stops calling it and may drop the node. A disconnected node is
+    // otherwise processed for as long as the page lives, each Start adding one.
+    if (this.stopped) return false;
     const channels = inputs[0];
     if (channels.length === 0) return true; // not connected yet
     const frames = channels[0].length;
