@@ -10,7 +10,9 @@ import threading
 from collections.abc import Sequence
 
 import numpy as np
+import pytest
 
+from captiond import scheduler as scheduler_module
 from captiond.config import Config, SchedulerConfig, VadConfig
 from captiond.engines import DecodeKind, EngineRequest, EngineResult
 from captiond.engines.fake import FakeEngine
@@ -65,6 +67,31 @@ def test_finals_first_then_partials_in_order_up_to_max_batch() -> None:
         scheduler.stop()
     final, partial = DecodeKind.FINAL, DecodeKind.PARTIAL
     assert engine.batches == [[partial], [final, final, final, partial], [partial, partial]]
+
+
+def test_stop_leaves_a_wedged_engine_behind(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stop (SIGTERM) does not wait for a batch that never ends: the process would outlive
+    its drain until systemd killed it. It waits `_STOP_WAIT_S` (here 0.2 s) and says so."""
+    monkeypatch.setattr(scheduler_module, "_STOP_WAIT_S", 0.2)
+    engine = _RecordingEngine()
+    scheduler = InferenceScheduler(engine, SchedulerConfig(max_batch=4, max_wait_ms=0))
+    scheduler.start()
+
+    async def wedge() -> None:
+        decode = asyncio.ensure_future(scheduler.submit(_request(DecodeKind.FINAL)))
+        assert await asyncio.to_thread(engine.busy.wait, _GUARD_S)
+        decode.cancel()  # its client is gone; the engine is still in its batch
+
+    asyncio.run(wedge())
+    stopping = threading.Thread(target=scheduler.stop)
+    stopping.start()
+    stopping.join(_GUARD_S)
+    stopped = not stopping.is_alive()
+    engine.release.set()
+    assert stopped, "stop() waited for the wedged batch"
+    assert "did not finish its batch" in caplog.text
 
 
 def test_a_full_batch_goes_at_once_however_long_max_wait_is() -> None:

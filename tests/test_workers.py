@@ -16,8 +16,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +40,11 @@ from daemon_harness import (
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from captiond import ipc
+from captiond import ipc, server, workers
 from captiond.audio import KEEP_SAMPLES, AudioSpan
 from captiond.config import SourceConfig
 from captiond.engines import DecodeKind, EngineRequest, EngineResult
+from captiond.engines.fake import FakeEngine
 from captiond.ipc import AudioCopy
 from captiond.routing import SOURCES_WORKER, WorkerSlot, request_target, worker_for
 from captiond.routing import worker_of_session as owner
@@ -164,6 +167,74 @@ def test_a_crashed_worker_loses_only_its_sessions_and_is_restarted() -> None:
                 await conn.close()
 
     run(scenario())
+
+
+class WedgedEngine(FakeEngine):
+    """A fake engine whose batches wait until `release` is set (a hung GPU call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
+        self.release.wait()
+        return super().transcribe_batch(requests)
+
+
+@pytest.mark.parametrize("kind", ["one process", "two workers"])
+def test_healthz_says_when_the_engine_is_wedged(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`/healthz` is 503 while the engine thread's heartbeat is stale (here 1.5 s, over its
+    1-s idle tick; 30 s by default), and ok again once it answers. With workers the pool
+    answers it: a worker sees an idle engine only through its answers."""
+    monkeypatch.setattr(server, "HEALTHY_WITHIN_S", 1.5)
+    monkeypatch.setattr(workers, "HEALTHY_WITHIN_S", 1.5)
+    engine = WedgedEngine()
+
+    async def health(port: int) -> int:
+        try:
+            await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/healthz")
+            return 200
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    async def scenario() -> list[int]:
+        context = (
+            running_daemon(engine=engine)
+            if kind == "one process"
+            else running_pool(workers=2, engine=engine)
+        )
+        async with context as daemon:
+            statuses = [await health(daemon.port)]
+            stream = asyncio.create_task(stream_pcm(url(daemon), BURSTS))
+            await asyncio.sleep(3.0)  # a decode waits in the wedged engine
+            statuses.append(await health(daemon.port))
+            engine.release.set()
+            await stream
+            statuses.append(await health(daemon.port))
+        return statuses
+
+    try:
+        assert run(scenario()) == [200, 503, 200]
+    finally:
+        engine.release.set()
+
+
+def test_a_hung_worker_is_the_pools_to_replace_not_the_watchdogs() -> None:
+    """A stopped (hung) worker makes the pool no less healthy for systemd's watchdog: the
+    pool replaces it after `_SILENT_S`, and only its streams are lost; a failed watchdog would
+    kill every stream and reload the model."""
+
+    async def scenario() -> bool:
+        async with running_pool(workers=2) as pool:
+            hung = pool.pids[1]
+            os.kill(hung, signal.SIGSTOP)
+            try:
+                await asyncio.sleep(2.5)
+                return pool.healthy(2.0)
+            finally:
+                os.kill(hung, signal.SIGCONT)
+
+    assert run(scenario())
 
 
 def test_viewers_reach_the_worker_that_runs_the_sources() -> None:

@@ -14,6 +14,7 @@ engine time in the daemon's metrics.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import sys
@@ -34,6 +35,14 @@ from captiond.session import DecodeRequest, StreamSession
 Submit = Callable[[DecodeRequest], Awaitable[EngineResult]]
 
 log = logging.getLogger(__name__)
+
+# `/healthz` answers 503 when the engine thread's heartbeat (each batch, and once a second
+# while idle) is older than this: longer than any batch takes, shorter than a monitor waits.
+HEALTHY_WITHIN_S = 30.0
+# How long a stop waits for the engine thread's batch in progress. A wedged engine (a GPU
+# hang, a stuck driver call) never finishes it; the thread is a daemon thread, so the process
+# exits without it rather than hang until systemd's TimeoutStopSec kills it.
+_STOP_WAIT_S = 10.0
 
 # How long the event-loop thread may keep the GIL once the engine thread asks for it (Python's
 # default is 5 ms). torch releases the GIL around every operator and every CUDA graph replay,
@@ -117,11 +126,16 @@ class InferenceScheduler:
         decoded stream's go first)."""
 
     def stop(self) -> None:
-        """Finish the batch in progress, fail what is still queued, and join the thread."""
+        """Finish the batch in progress, fail what is still queued, and join the thread (at
+        most `_STOP_WAIT_S`: an engine that does not come back is left behind)."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        self._thread.join()
+        self._thread.join(_STOP_WAIT_S)
+        if self._thread.is_alive():
+            log.error(
+                "the engine did not finish its batch in %.0f s: stopping without it", _STOP_WAIT_S
+            )
 
     async def submit(self, request: EngineRequest) -> EngineResult:
         """Queue one request and wait for its result (EngineFailedError if the engine raised)."""
@@ -176,10 +190,10 @@ class InferenceScheduler:
                 log.exception("engine failed on a batch of %d", len(live))
                 error = EngineFailedError(f"the engine failed: {type(exc).__name__}: {exc}")
                 for item in live:
-                    item.loop.call_soon_threadsafe(_set_exception, item.future, error)
+                    _answer(item, _set_exception, error)
             else:
                 for item, result in zip(live, results, strict=True):
-                    item.loop.call_soon_threadsafe(_set_result, item.future, result)
+                    _answer(item, _set_result, result)
             self.stats.requests += len(live)
             self.stats.heartbeat_monotonic = time.monotonic()
             self.metrics.engine_seconds.observe(self.stats.heartbeat_monotonic - started)
@@ -245,6 +259,15 @@ async def _unless_superseded(
         await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         woken.cancel()
     return True
+
+
+def _answer(
+    item: _Item, setter: Callable[[asyncio.Future[EngineResult], Any], None], value: Any
+) -> None:
+    """Hand a batch's answer to the loop that asked (engine thread). A loop already closed (a
+    stop that left a wedged batch behind) waits for nothing any more."""
+    with contextlib.suppress(RuntimeError):
+        item.loop.call_soon_threadsafe(setter, item.future, value)
 
 
 def _set_result(future: asyncio.Future[EngineResult], result: EngineResult) -> None:

@@ -68,7 +68,7 @@ from captiond.protocol import (
 )
 from captiond.resume import MAX_HELD_FINALS, ResumeKey, session_of_token
 from captiond.routing import WorkerSlot
-from captiond.scheduler import Decoder
+from captiond.scheduler import HEALTHY_WITHIN_S, Decoder
 from captiond.session import SessionState, StreamOrigin, StreamSession
 from captiond.sources import AudioInput, daemon_sources, microphone
 from captiond.text import join_texts
@@ -278,6 +278,10 @@ class Daemon:
     def _answer_request(self, connection: ServerConnection, request: Request) -> Response | None:
         url = urlsplit(request.path)
         if url.path == "/healthz":
+            # With workers the pool answers it (workers.py): a worker's engine is remote.
+            if self._slot is None and not self.healthy(HEALTHY_WITHIN_S):
+                silent = f"no heartbeat from the engine for over {HEALTHY_WITHIN_S:g} s\n"
+                return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, silent)
             return connection.respond(http.HTTPStatus.OK, "ok\n")
         endpoint = ENDPOINTS.get(url.path)
         if endpoint is not None or url.path in ("/v1/captions", "/metrics"):

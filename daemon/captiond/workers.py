@@ -33,7 +33,9 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from captiond import ipc
 from captiond.config import Config, dump_toml
@@ -41,7 +43,7 @@ from captiond.engine_core import EngineCore
 from captiond.errors import CaptiondError
 from captiond.memory import trim_after_peaks
 from captiond.routing import MAX_REQUEST_LINE_BYTES, request_target, worker_for
-from captiond.scheduler import InferenceScheduler
+from captiond.scheduler import HEALTHY_WITHIN_S, InferenceScheduler
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +107,7 @@ class WorkerPool:
         self._turn = 0
         self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._silence_checked_monotonic = time.monotonic()  # by _watch_silence
         self.restarts = 0
 
     @property
@@ -178,10 +181,13 @@ class WorkerPool:
         )
 
     def healthy(self, within_s: float) -> bool:
+        """The engine thread's heartbeat and the check that replaces hung workers both ran
+        within `within_s`. A worker's own hang is the pool's to mend (after `_SILENT_S`): it
+        costs that worker's streams, not, through systemd's watchdog, every stream and the
+        engine's model load."""
         now = time.monotonic()
         engine_age_s = now - self._core.scheduler.stats.heartbeat_monotonic
-        workers_fresh = all(now - w.seen_monotonic < within_s for w in self._workers)
-        return engine_age_s < within_s and workers_fresh
+        return engine_age_s < within_s and now - self._silence_checked_monotonic < within_s
 
     # -- workers -----------------------------------------------------------------------------
 
@@ -264,7 +270,7 @@ class WorkerPool:
     async def _watch_silence(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            now = time.monotonic()
+            now = self._silence_checked_monotonic = time.monotonic()
             for worker in self._workers:
                 process = worker.process
                 if (
@@ -304,6 +310,9 @@ class WorkerPool:
                     target = await _peek_request_target(conn)
                     if target is None:
                         return  # the client left before its request
+                    if urlsplit(target).path == "/healthz":
+                        await _answer_plain(conn, *self._health())
+                        return
                     worker = self._workers[
                         worker_for(target, len(self._workers), self._next_in_turn())
                     ]
@@ -317,6 +326,18 @@ class WorkerPool:
             except OSError as exc:  # its queue is full or it just died: the client retries
                 log.warning("could not hand a connection to worker %d: %s", worker.index, exc)
 
+    def _health(self) -> tuple[HTTPStatus, str]:
+        """`/healthz`, answered here: a worker sees the engine only through its answers, and
+        an idle engine answers nothing."""
+        if not self.healthy(HEALTHY_WITHIN_S):
+            return (
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                f"no heartbeat from the engine for over {HEALTHY_WITHIN_S:g} s\n",
+            )
+        if not any(w.ready.is_set() for w in self._workers):
+            return HTTPStatus.SERVICE_UNAVAILABLE, "no worker is ready\n"
+        return HTTPStatus.OK, "ok\n"
+
     def _next_in_turn(self) -> int:
         self._turn = (self._turn + 1) % len(self._workers)
         return self._turn
@@ -326,6 +347,24 @@ class WorkerPool:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+
+async def _answer_plain(conn: socket.socket, status: HTTPStatus, body: str) -> None:
+    """A plain-text HTTP answer, once the request's head is read (closing a socket with
+    unread data would reset the connection, and the client could lose the answer)."""
+    loop = asyncio.get_running_loop()
+    head = b""
+    while b"\r\n\r\n" not in head and len(head) < MAX_REQUEST_LINE_BYTES:
+        chunk = await loop.sock_recv(conn, MAX_REQUEST_LINE_BYTES)
+        if not chunk:
+            return
+        head += chunk
+    data = body.encode()
+    response = (
+        f"HTTP/1.1 {status.value} {status.phrase}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    await loop.sock_sendall(conn, response + data)
 
 
 async def _peek_request_target(conn: socket.socket) -> str | None:
