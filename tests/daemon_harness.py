@@ -120,7 +120,11 @@ async def running_pool(
             "PYTHONPATH": os.pathsep.join(filter(None, (tests, os.environ.get("PYTHONPATH"))))
         },
     )
-    await pool.start()
+    try:
+        await pool.start()
+    except BaseException:  # start shut the pool down
+        scheduler.stop()
+        raise
     try:
         yield pool
     finally:

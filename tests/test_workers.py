@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -45,6 +46,7 @@ from captiond.audio import KEEP_SAMPLES, AudioSpan
 from captiond.config import SourceConfig
 from captiond.engines import DecodeKind, EngineRequest, EngineResult
 from captiond.engines.fake import FakeEngine
+from captiond.errors import CaptiondError
 from captiond.ipc import AudioCopy
 from captiond.routing import SOURCES_WORKER, WorkerSlot, request_target, worker_for
 from captiond.routing import worker_of_session as owner
@@ -136,6 +138,11 @@ def test_a_crashed_worker_loses_only_its_sessions_and_is_restarted() -> None:
             survivor, survivor_ready = next(
                 (c, r) for c, r in conns if owner(json.loads(r)["session"], 2) == 0
             )
+            for _ in range(100):  # each worker reports once a second
+                if _served(pool) == len(conns):
+                    break
+                await asyncio.sleep(0.1)
+            assert _served(pool) == len(conns)
             victim_pid = pool.pids[2]
             reader = asyncio.create_task(collect(survivor))
             half = len(long_pcm) // 2
@@ -155,6 +162,7 @@ def test_a_crashed_worker_loses_only_its_sessions_and_is_restarted() -> None:
                     break
                 await asyncio.sleep(0.1)
             assert pool.restarts == 1 and victim_pid not in pool.pids
+            assert _served(pool) >= len(conns), "systemd's STATUS= never counts backwards"
             # The restarted worker serves new sessions (and resumes of its ids are refused
             # cleanly: its memory is gone).
             token = json.loads(victim_ready)["resume_token"]
@@ -235,6 +243,32 @@ def test_a_hung_worker_is_the_pools_to_replace_not_the_watchdogs() -> None:
                 os.kill(hung, signal.SIGCONT)
 
     assert run(scenario())
+
+
+def test_a_worker_that_cannot_start_fails_the_start_at_once(tmp_path: Path) -> None:
+    """What stops a worker as it starts (here a journal dir under a file) would stop every
+    restart: the start fails with the worker's reason in its log, not after 60 s of them."""
+    (tmp_path / "file").write_text("")
+    config = make_config(journal={"dir": str(tmp_path / "file" / "journal")})
+
+    async def scenario() -> str:
+        with pytest.raises(CaptiondError) as failed:
+            async with running_pool(config, workers=2):
+                pass
+        return str(failed.value)
+
+    assert "exited with 2 as it started" in run(scenario())
+
+
+def test_workers_listen_on_an_ipv6_address() -> None:
+    config = make_config(server={"host": "::1"})
+
+    async def scenario() -> list[str]:
+        async with running_pool(config, workers=2) as pool:
+            ex = await stream_pcm(f"ws://[::1]:{pool.port}/v1/stream", BURSTS)
+        return [f["text"] for f in ex.of("final")]
+
+    assert len(run(scenario())) == 5
 
 
 def test_viewers_reach_the_worker_that_runs_the_sources() -> None:
@@ -420,6 +454,13 @@ def test_decode_and_result_messages_cross_the_link_whole() -> None:
         len(window),
         40_000,
     )
+
+
+def _served(pool: Any) -> int:
+    """Sessions served, from the pool's systemd STATUS= line."""
+    served = re.search(r"(\d+) served", pool.status_line())
+    assert served is not None
+    return int(served[1])
 
 
 def _get(address: str) -> str:

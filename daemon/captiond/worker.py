@@ -21,6 +21,7 @@ import tomllib
 from collections.abc import Callable, Sequence
 
 from captiond.config import Config, config_from_mapping
+from captiond.errors import CaptiondError
 from captiond.logs import configure_logging
 from captiond.loop import run as run_loop
 from captiond.remote import EngineClient
@@ -115,7 +116,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure_logging(args.log_level)
     config = config_from_mapping(tomllib.loads(sys.stdin.read()))
-    run_loop(_serve(args, config), config.server.event_loop)
+    try:
+        run_loop(_serve(args, config), config.server.event_loop)
+    except CaptiondError as exc:  # a journal dir it cannot write, …: one line, not a traceback
+        log.error("worker %d cannot start: %s", args.index, exc)
+        return 2
     return 0
 
 

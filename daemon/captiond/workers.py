@@ -80,6 +80,7 @@ class _Worker:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     status: ipc.Status | None = None
     seen_monotonic: float = 0.0
+    served_before: int = 0  # sessions its earlier processes served (a restart counts from 0)
     started_monotonic: float = 0.0
     backoff_s: float = _RESTART_BACKOFF_S[0]
 
@@ -108,6 +109,10 @@ class WorkerPool:
         self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._silence_checked_monotonic = time.monotonic()  # by _watch_silence
+        # Until every worker was ready once, a worker that exits fails the start: what stops
+        # it (a journal dir it cannot write) would stop every restart too.
+        self._started = False
+        self._start_failed: asyncio.Future[str] | None = None  # made by start()
         self.restarts = 0
 
     @property
@@ -125,18 +130,24 @@ class WorkerPool:
     async def start(self) -> None:
         """Listen, start every worker and wait until each is ready."""
         cfg = self.config.server
-        self._listener = socket.create_server((cfg.host, cfg.port), backlog=4096)
+        self._listener = _listen(cfg.host, cfg.port)
         self._listener.setblocking(False)
+        start_failed = self._start_failed = asyncio.get_running_loop().create_future()
         for worker in self._workers:
             await self._spawn(worker)
-        try:
-            async with asyncio.timeout(_READY_TIMEOUT_S):
-                await asyncio.gather(*(w.ready.wait() for w in self._workers))
-        except TimeoutError:
+        all_ready = asyncio.ensure_future(asyncio.gather(*(w.ready.wait() for w in self._workers)))
+        await asyncio.wait(
+            (all_ready, start_failed), timeout=_READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
+        )
+        if not all_ready.done():
+            all_ready.cancel()
             await self.shutdown()
             raise CaptiondError(
-                f"worker processes did not start within {_READY_TIMEOUT_S:g} s"
-            ) from None
+                start_failed.result()
+                if start_failed.done()
+                else f"worker processes did not start within {_READY_TIMEOUT_S:g} s"
+            )
+        self._started = True
         asyncio.get_running_loop().add_reader(self._listener.fileno(), self._accept)
         self._spawn_task(self._watch_silence())
         self._spawn_task(trim_after_peaks(lambda: self._core.streams_held))
@@ -173,7 +184,8 @@ class WorkerPool:
     def status_line(self) -> str:
         statuses = [w.status for w in self._workers if w.status is not None]
         open_now = sum(s.sessions_open for s in statuses)
-        served = sum(s.sessions_total for s in statuses)
+        served = sum(w.served_before for w in self._workers)
+        served += sum(s.sessions_total for s in statuses)
         alive = sum(w.ready.is_set() for w in self._workers)
         return (
             f"{open_now} streams open, {served} served; "
@@ -244,11 +256,20 @@ class WorkerPool:
     async def _watch_exit(self, worker: _Worker, process: asyncio.subprocess.Process) -> None:
         code = await process.wait()
         worker.ready.clear()
+        if worker.status is not None:
+            worker.served_before += worker.status.sessions_total
+            worker.status = None
         self._close_ctrl(worker)
         if worker.link is not None:
             worker.link.cancel()
         _mark_dead(self._metrics_dir, process.pid)
         if self._stopping:
+            return
+        if not self._started:
+            if self._start_failed is not None and not self._start_failed.done():
+                self._start_failed.set_result(
+                    f"worker {worker.index} exited with {code} as it started (its log says why)"
+                )
             return
         self.restarts += 1
         ran_s = time.monotonic() - worker.started_monotonic
@@ -347,6 +368,13 @@ class WorkerPool:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on `host`, an IPv4 or IPv6 address or a name (its first address as
+    getaddrinfo orders them): `create_server` alone takes IPv4 only."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    return socket.create_server((host, port), family=family, backlog=4096)
 
 
 async def _answer_plain(conn: socket.socket, status: HTTPStatus, body: str) -> None:
