@@ -261,3 +261,66 @@ def write_capture(samples: np.ndarray, path: Path) -> Path:
         wf.setframerate(48_000)
         wf.writeframes((np.clip(at_48k, -1, 1) * 32767).astype("<i2").tobytes())
     return path
+
+
+class FlakyNetwork:
+    """A TCP relay between the page and the daemon that can be cut, as a Wi-Fi drop cuts it:
+    open connections break (no close frame: 1006) and new ones are refused until it is back.
+    While `held`, what the page sends waits in the network."""
+
+    def __init__(self, target_port: int, *, rewrite_host: bool = False) -> None:
+        self.target_port = target_port
+        # Forward with the daemon's own Host, as nginx does without `proxy_set_header Host`:
+        # the page's Origin, its own address, is then not the daemon's.
+        self.rewrite_host = rewrite_host
+        self.port = 0
+        self.connections = 0
+        self.down = False
+        self.held = False
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def __aenter__(self) -> FlakyNetwork:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.cut()
+        self._server.close()
+        await self._server.wait_closed()
+
+    def cut(self) -> None:
+        self.down = True
+        for writer in self._writers:
+            writer.transport.abort()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.down:
+            writer.transport.abort()
+            return
+        self.connections += 1
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self._writers |= {writer, up_writer}
+        if self.rewrite_host:
+            head = await reader.readuntil(b"\r\n\r\n")
+            host = f"Host: 127.0.0.1:{self.target_port}".encode()
+            lines = head.split(b"\r\n")
+            up_writer.write(
+                b"\r\n".join(host if h.lower().startswith(b"host:") else h for h in lines)
+            )
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError):
+                while data := await src.read(65536):
+                    while dst is up_writer and self.held and not self.down:
+                        await asyncio.sleep(0.05)
+                    if self.down:
+                        break
+                    dst.write(data)
+                    await dst.drain()
+            # One side is gone: the other goes too, without a word, as on a broken network.
+            writer.transport.abort()
+            up_writer.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self._writers -= {writer, up_writer}

@@ -12,7 +12,6 @@ its connection is test_browser_session.py.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ import numpy as np
 import pytest
 from browser_harness import (
     FINAL_TEXTS_JS,
+    FlakyNetwork,
     choose_theme,
     click,
     click_mode,
@@ -247,42 +247,6 @@ def test_a_stopped_capture_stops_processing_audio(browser: str) -> None:
     assert later[2] > first[2], (first, later)
 
 
-class HostRewritingProxy:
-    """A reverse proxy that forwards with the daemon's own Host (nginx without
-    `proxy_set_header Host`): the page's Origin, its own address, is not the daemon's."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.connections = 0
-
-    async def __aenter__(self) -> HostRewritingProxy:
-        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._server.close()
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-        head = await reader.readuntil(b"\r\n\r\n")
-        host = f"Host: 127.0.0.1:{self.target_port}".encode()
-        lines = [
-            host if line.lower().startswith(b"host:") else line for line in head.split(b"\r\n")
-        ]
-        up_writer.write(b"\r\n".join(lines))
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(ConnectionError):
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            dst.close()
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-
-
 def test_a_refused_origin_is_explained_and_not_retried(browser: str) -> None:
     """The daemon refuses the page's origin (403 before the upgrade); the plain request the
     page asks it with carries no Origin and gets 426. The page says what to configure and
@@ -291,7 +255,7 @@ def test_a_refused_origin_is_explained_and_not_retried(browser: str) -> None:
     async def scenario() -> None:
         async with (
             running_daemon() as daemon,
-            HostRewritingProxy(daemon.port) as proxy,
+            FlakyNetwork(daemon.port, rewrite_host=True) as proxy,
             open_page(browser) as page,
         ):
             await page.navigate(f"http://127.0.0.1:{proxy.port}/")

@@ -10,7 +10,6 @@ back after a restart and says when the source's microphone is missing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import itertools
 import re
@@ -22,6 +21,7 @@ import numpy as np
 import pytest
 from browser_harness import (
     FINAL_TEXTS_JS,
+    FlakyNetwork,
     Page,
     click,
     finals_at_least,
@@ -180,57 +180,6 @@ def test_daemon_restart_mid_session_reconnects_and_keeps_every_final(
             assert_on_the_burst_schedule(await page.evaluate(STORED_JS))
 
     asyncio.run(scenario())
-
-
-class FlakyNetwork:
-    """A TCP relay between the page and the daemon that can be cut, as a Wi-Fi drop cuts it:
-    open connections break (no close frame: 1006) and new ones are refused until it is back.
-    While `held`, what the page sends waits in the network."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.port = 0
-        self.down = False
-        self.held = False
-        self._writers: set[asyncio.StreamWriter] = set()
-
-    async def __aenter__(self) -> FlakyNetwork:
-        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.cut()
-        self._server.close()
-        await self._server.wait_closed()
-
-    def cut(self) -> None:
-        self.down = True
-        for writer in self._writers:
-            writer.transport.abort()
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.down:
-            writer.transport.abort()
-            return
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-        self._writers |= {writer, up_writer}
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(ConnectionError):
-                while data := await src.read(65536):
-                    while dst is up_writer and self.held and not self.down:
-                        await asyncio.sleep(0.05)
-                    if self.down:
-                        break
-                    dst.write(data)
-                    await dst.drain()
-            # One side is gone: the other goes too, without a word, as on a broken network.
-            writer.transport.abort()
-            up_writer.transport.abort()
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-        self._writers -= {writer, up_writer}
 
 
 def test_a_20_s_network_drop_loses_no_speech(burst_browser: str) -> None:

@@ -84,6 +84,14 @@ def samples() -> np.ndarray:
     return PCM.astype(np.float32) / 32768
 
 
+def start_client(port: int, messages: list[Message], **options: Any) -> asyncio.Task[None]:
+    """The client streaming PCM at SPEED to the daemon (or proxy) on `port`."""
+    target = f"ws://127.0.0.1:{port}/v1/stream"
+    return asyncio.create_task(
+        stream_samples(target, samples(), speed=SPEED, on_message=messages.append, **options)
+    )
+
+
 def check_exactly_once(messages: list[Message]) -> list[Message]:
     finals = [m for m in messages if m["type"] == "final"]
     assert [f["segment"] for f in finals] == list(range(len(finals))), "each final once, in order"
@@ -104,14 +112,7 @@ def test_a_pulled_cable_loses_no_final(tmp_path: Path, pulls: int, answered_503:
             proxy = Proxy(daemon.port)
             port = await proxy.start()
             messages: list[Message] = []
-            client = asyncio.create_task(
-                stream_samples(
-                    f"ws://127.0.0.1:{port}/v1/stream",
-                    samples(),
-                    speed=SPEED,
-                    on_message=messages.append,
-                )
-            )
+            client = start_client(port, messages)
             for _ in range(pulls):
                 await asyncio.sleep(1.2)
                 proxy.unavailable = answered_503
@@ -147,15 +148,7 @@ def test_back_after_the_session_expired_the_client_resends_what_the_burst_allows
             proxy = Proxy(daemon.port)
             port = await proxy.start()
             messages: list[Message] = []
-            client = asyncio.create_task(
-                stream_samples(
-                    f"ws://127.0.0.1:{port}/v1/stream",
-                    samples(),
-                    speed=SPEED,
-                    on_message=messages.append,
-                    fresh_resend_s=2.0,
-                )
-            )
+            client = start_client(port, messages, fresh_resend_s=2.0)
             await asyncio.sleep(1.2)
             proxy.unavailable = 3  # away for the backoff's 0.5 + 1 + 2 s: the session expires
             proxy.cut()
@@ -181,14 +174,7 @@ def test_a_daemon_restart_loses_no_final(tmp_path: Path, journal: bool) -> None:
         messages: list[Message] = []
         async with running_daemon(make_config(**sections)) as daemon:
             port = daemon.port
-            client = asyncio.create_task(
-                stream_samples(
-                    f"ws://127.0.0.1:{port}/v1/stream",
-                    samples(),
-                    speed=SPEED,
-                    on_message=messages.append,
-                )
-            )
+            client = start_client(port, messages)
             await asyncio.sleep(1.5)
         await asyncio.sleep(1.0)  # the daemon is away
         restarted = make_config(server={"port": port}, **sections)
