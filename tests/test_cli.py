@@ -6,8 +6,11 @@ Real processes, the real model on real speech, a real port.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -24,7 +27,10 @@ from conftest import read_wav_int16
 from daemon_harness import make_config, running_daemon, url
 from test_audiofile import encode
 
+from captiond.cli import _listen
 from captiond.cli import main as cli_main
+from captiond.config import ServerConfig
+from captiond.errors import ConfigError
 from captiond_client.display import render_transcript
 
 CAPTIOND = [sys.executable, "-m", "captiond.cli"]
@@ -262,3 +268,88 @@ def test_devices_says_when_there_are_none(
     monkeypatch.setattr("captiond_client.mic.input_devices", lambda: [])
     assert cli_main(["devices"]) == 0
     assert capsys.readouterr().out.startswith("no audio input devices")
+
+
+# -- start-up errors and signals (--engine fake: no model) -------------------------------------
+
+SERVE_FAKE = [*CAPTIOND, "serve", "--engine", "fake"]
+
+
+def test_start_up_mistakes_are_one_line_errors_that_stop_restarts(tmp_path: Path) -> None:
+    """Exit 2 (the units' RestartPreventExitStatus): no retry fixes these. A TLS file is
+    checked before the engine loads."""
+    junk = tmp_path / "junk.pem"
+    junk.write_text("junk\n")
+    missing = tmp_path / "nope.pem"
+    cases = [
+        (["--log-level", "bogus"], "captiond serve: error: argument --log-level: invalid choice"),
+        (["--tls-cert", str(missing)], f"[server] tls_cert '{missing}': cannot read it: No such"),
+        (["--tls-cert", str(junk)], "not a PEM certificate and its private key"),
+        (["--port", "70000"], "captiond: error: [server] port must be between 0 and 65535"),
+        (["--port", "-1"], "captiond: error: [server] port must be between 0 and 65535"),
+        (["--host", "999.1.1.1", "--port", str(free_port())], "cannot listen on 999.1.1.1:"),
+    ]
+    for args, message in cases:
+        run = subprocess.run([*SERVE_FAKE, *args], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 2 and "Traceback" not in run.stderr, (args, run.stderr)
+        assert message in run.stderr.splitlines()[-1], (args, run.stderr)
+        if "--tls-cert" in args:
+            assert "loaded and warmed up" not in run.stderr
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_an_address_it_cannot_listen_on_is_a_one_line_error_to_retry(workers: str) -> None:
+    """Exit 1: a port still held by the instance that is stopping, an address the network has
+    not brought up yet may both pass on systemd's next try."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        in_use = held.getsockname()[1]
+        for host, port, reason in (
+            ("127.0.0.1", in_use, errno.EADDRINUSE),
+            ("192.0.2.1", free_port(), errno.EADDRNOTAVAIL),  # TEST-NET-1: on no machine
+        ):
+            run = subprocess.run(
+                [*SERVE_FAKE, "--host", host, "--port", str(port), "--workers", workers],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+            expected = f"captiond: error: cannot listen on {host}:{port}: {os.strerror(reason)}"
+            assert run.stderr.splitlines()[-1] == expected, run.stderr
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_sighup_stops_the_daemon_as_sigterm_does(workers: str) -> None:
+    port = free_port()
+    serve = [*SERVE_FAKE, "--port", str(port), "--workers", workers]
+    proc = subprocess.Popen(serve, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        log = []
+        while not log or "ready: ws://" not in log[-1]:
+            log.append(proc.stderr.readline())
+            assert log[-1], "".join(log)  # "": it exited
+        proc.send_signal(signal.SIGHUP)
+        assert proc.wait(timeout=60) == 0, "".join(log)
+        rest = proc.stderr.read()
+        assert "SIGHUP: stopping as on SIGTERM" in rest and "captiond: stopped" in rest, rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_only_binding_errors_are_named_as_the_address() -> None:
+    """A privileged port without the privilege (this test may run as root) is a mistake; an
+    OSError that is not the bind's stays as it is."""
+
+    async def start(error: OSError) -> None:
+        raise error
+
+    server = ServerConfig(host="::1", port=80)
+    with pytest.raises(ConfigError, match=r"^cannot listen on \[::1\]:80: Permission denied$"):
+        asyncio.run(_listen(start(PermissionError(errno.EACCES, "x")), server))
+    with pytest.raises(OSError, match="Too many open files"):
+        asyncio.run(_listen(start(OSError(errno.EMFILE, "Too many open files")), server))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,12 @@ from hypothesis import strategies as st
 from captiond.chinese import VARIANTS
 from captiond.config import (
     EVENT_LOOPS,
+    RANGES,
     AuthConfig,
     Config,
     EngineConfig,
+    JournalConfig,
+    Range,
     SchedulerConfig,
     ServerConfig,
     StreamConfig,
@@ -216,31 +220,35 @@ def test_dump_toml_round_trips_changed_values(tmp_path: Path) -> None:
 _printable_text = st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs")), max_size=20)
 
 
-# Values a section checks (config._check_server, _check_stream, _check_engine): any value
-# within its range.
-# Fields with a bounded range (seconds); the strategy stays inside every such bound.
-_RANGED = {"context_s", "partial_context_s", "max_utterance_s", "resume_s", "drop_grace_s"}
-_POSITIVE = {"idle_timeout_s", "max_audio_speed", "audio_burst_s", "max_buffered_s"}
-_POSITIVE |= {"drain_timeout_s", "max_sessions_per_ip"}
-_POSITIVE |= {"final_beam_size", "context_beam_size", "partial_beam_size"}
-_NON_NEGATIVE = {"cpu_threads", "decoder_threads"}
+# Numeric keys: any value within their range (config.RANGES); cut_search_s stays below the
+# shortest max_utterance_s.
 _origins = st.lists(
     st.sampled_from(["*", "https://app.example.com", "http://127.0.0.1:8765", "http://[::1]"])
 ).map(tuple)
+
+
+def _in_range(allowed: Range, default: float) -> st.SearchStrategy[Any]:
+    if isinstance(default, int):
+        low = max(allowed.low, -(2**62)) + allowed.low_open
+        return st.integers(min_value=int(low), max_value=int(min(allowed.high, 2**62)))
+    return st.floats(
+        min_value=allowed.low,
+        max_value=allowed.high,
+        exclude_min=allowed.low_open and allowed.low != -math.inf,
+        allow_nan=False,
+    )
 
 
 def _section_strategy(cls: type[Any]) -> st.SearchStrategy[Any]:
     fields: dict[str, st.SearchStrategy[Any]] = {}
     for f in dataclasses.fields(cls):
         default = f.default
-        if f.name in _RANGED:
-            fields[f.name] = st.floats(min_value=0.0, max_value=30.0)
-        elif f.name == "stable_min_probability":
-            fields[f.name] = st.floats(min_value=0.0, max_value=1.0)
-        elif f.name == "final_tail_ms":  # at least one VAD frame
-            fields[f.name] = st.integers(min_value=30, max_value=2**62)
+        if f.name == "cut_search_s":
+            fields[f.name] = st.floats(min_value=0.0, max_value=0.99)
         elif f.name == "workers":  # > 1 refuses TLS: see test_workers_need_plain_ws
             fields[f.name] = st.just(1)
+        elif f.name in RANGES[cls]:
+            fields[f.name] = _in_range(RANGES[cls][f.name], default)
         elif f.name == "allowed_origins":
             fields[f.name] = _origins
         elif f.name == "event_loop":
@@ -249,18 +257,8 @@ def _section_strategy(cls: type[Any]) -> st.SearchStrategy[Any]:
             fields[f.name] = st.sampled_from(["en", "de", "yue", "auto"])
         elif f.name == "chinese_variant":
             fields[f.name] = st.sampled_from(["", *VARIANTS])
-        elif f.name in _NON_NEGATIVE:
-            fields[f.name] = st.integers(min_value=0, max_value=2**62)
-        elif f.name in _POSITIVE and isinstance(default, int):
-            fields[f.name] = st.integers(min_value=1, max_value=2**62)
-        elif f.name in _POSITIVE:
-            fields[f.name] = st.floats(min_value=0.001, allow_infinity=True)
         elif isinstance(default, bool):
             fields[f.name] = st.booleans()
-        elif isinstance(default, int):
-            fields[f.name] = st.integers(min_value=-(2**62), max_value=2**62)
-        elif isinstance(default, float):
-            fields[f.name] = st.floats(allow_nan=False, allow_infinity=True, width=64)
         else:
             fields[f.name] = _printable_text
     return st.builds(cls, **fields)
@@ -365,3 +363,87 @@ def test_a_final_tail_under_one_vad_frame_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"\[vad\] final_tail_ms"):
         config_from_mapping({"vad": {"final_tail_ms": 20}})
     assert config_from_mapping({"vad": {"final_tail_ms": 30}}).vad.final_tail_ms == 30
+
+
+# -- ranges -----------------------------------------------------------------------------------
+
+_SECTIONS = {
+    "server": ServerConfig,
+    "vad": VadConfig,
+    "stream": StreamConfig,
+    "scheduler": SchedulerConfig,
+    "engine": EngineConfig,
+    "auth": AuthConfig,
+    "journal": JournalConfig,
+}
+
+
+def test_every_numeric_key_has_a_range() -> None:
+    assert set(_SECTIONS) == {f.name for f in dataclasses.fields(Config)} - {"sources"}
+    for cls in _SECTIONS.values():
+        numeric = {
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.type in ("int", "float")  # annotations are strings (from __future__)
+        }
+        assert set(RANGES[cls]) == numeric, cls.__name__
+
+
+def _outside(allowed: Range) -> float:
+    if allowed.low != -math.inf:
+        return allowed.low if allowed.low_open else allowed.low - 1
+    return allowed.high + 1
+
+
+_EVERY_RANGE = [
+    (name, key, allowed) for name, cls in _SECTIONS.items() for key, allowed in RANGES[cls].items()
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "key", "allowed"), _EVERY_RANGE, ids=[f"{n}.{k}" for n, k, _ in _EVERY_RANGE]
+)
+def test_every_range_is_checked(name: str, key: str, allowed: Range) -> None:
+    default = getattr(_SECTIONS[name](), key)
+    bad: list[float] = [_outside(allowed)]
+    if isinstance(default, float):
+        bad.append(math.nan)
+    for value in bad:
+        with pytest.raises(ConfigError, match=rf"^\[{name}\] {key} must be .*, got "):
+            config_from_mapping({name: {key: type(default)(value)}})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[vad]\naggressiveness = 7", "[vad] aggressiveness must be between 0 and 3"),
+        ("[stream]\npartial_interval_ms = 0", "partial_interval_ms must be 30 or more"),
+        ("[vad]\nstart_voiced_ratio = 1.5", "greater than 0 and at most 1, got 1.5"),
+        ("[stream]\nmax_utterance_s = -1", "max_utterance_s must be between 1 and 30 s"),
+        ("[server]\nmax_sessions = 0", "[server] max_sessions must be 1 or more, got 0"),
+        ("[server]\nidle_timeout_s = nan", "idle_timeout_s must be greater than 0, got nan"),
+        ("[server]\ndrain_timeout_s = nan", "drain_timeout_s must be greater than 0"),
+        ("[server]\nport = 70000", "[server] port must be between 0 and 65535"),
+        ("[server]\nport = -1", "[server] port must be between 0 and 65535"),
+        ("[stream]\nmax_utterance_s = 2.0", "cut_search_s (3 s) must be less than max_utt"),
+        ("[[sources]]\ndevice = -1", "[[sources]] mic: backlog_finals, channel and a device"),
+    ],
+)
+def test_values_that_broke_or_silenced_streams_are_refused(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_config(_write(tmp_path, text + "\n"))
+    assert message in str(refused.value)
+
+
+def test_range_bounds_themselves_are_allowed() -> None:
+    config = config_from_mapping(
+        {
+            "server": {"port": 65535, "max_sessions": 1},
+            "vad": {"aggressiveness": 0, "start_voiced_ratio": 1.0},
+            "stream": {"partial_interval_ms": 30, "max_utterance_s": 30.0, "cut_search_s": 0.0},
+        }
+    )
+    assert (config.server.port, config.vad.aggressiveness) == (65535, 0)
+    assert config_from_mapping({"server": {"port": 0}}).server.port == 0

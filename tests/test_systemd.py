@@ -23,7 +23,7 @@ from daemon_harness import NotifyListener
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from captiond.systemd import DEFAULT_EXEC, EXAMPLE_CONFIG, UNIT_FILES, Notifier, render_unit
+from captiond.systemd import DEFAULT_EXEC, UNIT_FILES, Notifier, plan_install, render_unit
 
 CAPTIOND = [sys.executable, "-m", "captiond.cli"]
 
@@ -38,15 +38,19 @@ def test_shipped_units_are_what_install_service_writes(tmp_path: Path) -> None:
             text=True,
             check=True,
         ).stdout
-        assert render_unit(kind) in printed and EXAMPLE_CONFIG in printed
-    assert (REPO_ROOT / "systemd" / "captiond.toml").read_text() == EXAMPLE_CONFIG
+        assert (
+            render_unit(kind) in printed and plan_install(kind, DEFAULT_EXEC).config_text in printed
+        )
+    system_config = plan_install("system", DEFAULT_EXEC).config_text
+    assert (REPO_ROOT / "systemd" / "captiond.toml").read_text() == system_config
 
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path)}
     install = [*CAPTIOND, "install-service", "--user", "--exec", DEFAULT_EXEC]
     first = subprocess.run(install, env=env, capture_output=True, text=True, check=True)
     unit = tmp_path / "systemd" / "user" / "captiond.service"
     config = tmp_path / "captiond" / "captiond.toml"
-    assert unit.read_text() == render_unit("user") and config.read_text() == EXAMPLE_CONFIG
+    user_config = plan_install("user", DEFAULT_EXEC, env).config_text
+    assert unit.read_text() == render_unit("user") and config.read_text() == user_config
     assert "systemctl --user enable --now captiond" in first.stdout
     config.write_text("# mine\n")
     second = subprocess.run(install, env=env, capture_output=True, text=True, check=True)
@@ -77,6 +81,38 @@ def test_system_units_keep_their_caches_in_their_cache_directory() -> None:
         assert f"CacheDirectory={directory}\n" in unit
         assert f"Environment=XDG_CACHE_HOME=%C/{directory}\n" in unit
         assert f"StateDirectory={directory}\n" in unit
+
+
+def _printed_config(flag: list[str], env: dict[str, str] | None = None) -> str:
+    printed = subprocess.run(
+        [*CAPTIOND, "install-service", *flag, "--print", "--exec", DEFAULT_EXEC],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    ).stdout
+    return printed[printed.index("# captiond configuration") :]
+
+
+def test_the_example_journal_is_in_a_folder_the_unit_can_write(tmp_path: Path) -> None:
+    # ProtectSystem=strict leaves a system unit only its StateDirectory= to write (the
+    # template's instance N: /var/lib/captiond/N); a user service, the user's own state folder.
+    for flag, state in (([], "captiond"), (["--template"], "captiond/%i")):
+        assert f"StateDirectory={state}\n" in render_unit("template" if flag else "system")
+        writable = "/var/lib/" + state.replace("%i", "0")  # the config written is 0.toml
+        assert f'# dir = "{writable}/journal"\n' in _printed_config(flag)
+    env = {**os.environ, "HOME": str(tmp_path)}
+    env.pop("XDG_STATE_HOME", None)
+    assert f'# dir = "{tmp_path}/.local/state/captiond/journal"\n' in _printed_config(
+        ["--user"], env
+    )
+
+
+def test_a_configuration_mistake_is_not_restarted() -> None:
+    # `captiond serve` exits 2 on a configuration mistake (test_cli), 1 on what may pass.
+    for kind in UNIT_FILES:
+        unit = render_unit(kind)
+        assert "Restart=on-failure\n" in unit and "RestartPreventExitStatus=2\n" in unit, kind
 
 
 def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:

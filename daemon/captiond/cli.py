@@ -9,19 +9,31 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import errno
 import json
 import logging
+import os
 import shutil
 import signal
+import socket
+import ssl
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
-from captiond.config import Config, config_from_mapping, dump_toml, load_config, override
+from captiond.config import (
+    Config,
+    ServerConfig,
+    config_from_mapping,
+    dump_toml,
+    load_config,
+    override,
+)
 from captiond.engines import ENGINE_NAMES, Engine, EngineInfo, load_engine
-from captiond.errors import CaptiondError, ConfigError, SessionError
+from captiond.errors import CaptiondError, ConfigError, ListenError, SessionError
+from captiond.logs import LOG_LEVELS
 from captiond.loop import run as run_loop
 from captiond.protocol import AUTO_LANGUAGE, check_model_language, parse_language
 
@@ -54,7 +66,9 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
         help="names and terms the audio may contain, for streams that give none"
         ' ("Philip Steels, Grafana"); default [stream] prompt',
     )
-    parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    parser.add_argument(
+        "--log-level", default="info", type=str.lower, choices=LOG_LEVELS, help="default info"
+    )
 
 
 def _config_from(args: argparse.Namespace) -> Config:
@@ -170,6 +184,7 @@ def _serve(args: argparse.Namespace) -> int:
         share_across_processes(metrics_dir)
     from captiond.systemd import Notifier, Supervised, supervise
 
+    _check_tls(config.server)
     scheduler = InferenceScheduler(_load_warm_engine(config), config.scheduler)
     scheduler.start()
     notifier = Notifier()
@@ -179,18 +194,19 @@ def _serve(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, lambda: _hang_up(stop))
         daemon: Supervised
         if metrics_dir is None:
             from captiond.server import Daemon
 
             daemon = single = Daemon(config, scheduler)
-            await single.start()
+            await _listen(single.start(), config.server)
             port = single.port
         else:
             from captiond.workers import WorkerPool
 
             daemon = pool = WorkerPool(config, scheduler, metrics_dir=metrics_dir)
-            await pool.start()
+            await _listen(pool.start(), config.server)
             port = pool.port
         scheme = "wss" if config.server.tls_cert else "ws"
         log.info("ready: %s://%s:%d/v1/stream", scheme, config.server.host, port)
@@ -211,6 +227,67 @@ def _serve(args: argparse.Namespace) -> int:
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
+
+
+def _check_tls(server: ServerConfig) -> None:
+    """The certificate and key load as server.py will load them, before the engine's minutes
+    of loading: a wrong path is a configuration error, not a traceback once the model is warm."""
+    if server.tls_key and not server.tls_cert:
+        raise ConfigError("[server] tls_key is set without tls_cert")
+    for key in ("tls_cert", "tls_key"):
+        path = getattr(server, key)
+        if not path:
+            continue
+        try:
+            Path(path).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"[server] {key} {path!r}: cannot read it: {exc.strerror}") from None
+    if not server.tls_cert:
+        return
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(
+            server.tls_cert, server.tls_key or None
+        )
+    except ssl.SSLError as exc:
+        files = f"tls_cert {server.tls_cert!r}"
+        files += f" and tls_key {server.tls_key!r}" if server.tls_key else " (no tls_key)"
+        detail = f" ({exc.reason})" if exc.reason else ""
+        raise ConfigError(
+            f"[server] {files}: not a PEM certificate and its private key{detail}"
+        ) from None
+
+
+# What binding the socket raises. The port still held (by the instance that is stopping) or an
+# address the network has not brought up yet may pass on a retry; a port below 1024 without the
+# privilege to bind it does not.
+_BIND_RETRYABLE = (errno.EADDRINUSE, errno.EADDRNOTAVAIL)
+_BIND_REFUSED = (errno.EACCES,)
+
+
+async def _listen(start: Awaitable[None], server: ServerConfig) -> None:
+    """Await the daemon's `start`, which binds its socket, naming the address it failed on."""
+    host = f"[{server.host}]" if ":" in server.host else server.host
+    where = f"cannot listen on {host}:{server.port}"
+    try:
+        await start
+    except socket.gaierror as exc:
+        # The host is no address and no name this machine can resolve: a configuration
+        # mistake, unless resolving only failed for now (no DNS server reachable yet).
+        error = ListenError if exc.errno == socket.EAI_AGAIN else ConfigError
+        raise error(f"{where}: {exc.strerror}") from None
+    except OSError as exc:
+        if exc.errno not in (*_BIND_RETRYABLE, *_BIND_REFUSED):
+            raise  # not the bind (a worker that could not be spawned): as it is
+        # asyncio's strerror restates the address: the errno's own text says just why.
+        error = ListenError if exc.errno in _BIND_RETRYABLE else ConfigError
+        raise error(f"{where}: {os.strerror(exc.errno)}") from None
+
+
+def _hang_up(stop: asyncio.Event) -> None:
+    # Nothing here can be reloaded; a hang-up (a closed terminal, `kill -HUP`) stops the daemon
+    # as SIGTERM does, draining its streams, rather than killing it with their last finals.
+    log.warning("SIGHUP: stopping as on SIGTERM (captiond has no reload: restart it instead)")
+    stop.set()
 
 
 # -- devices, install-service ----------------------------------------------------------------
@@ -266,7 +343,7 @@ def _devices(args: argparse.Namespace) -> int:
 
 
 def _install_service(args: argparse.Namespace) -> int:
-    from captiond.systemd import DEFAULT_EXEC, EXAMPLE_CONFIG, plan_install, write_install
+    from captiond.systemd import DEFAULT_EXEC, plan_install, write_install
 
     kind = "user" if args.user else "template" if args.template else "system"
     exec_path = args.exec_path or shutil.which("captiond") or DEFAULT_EXEC
@@ -283,7 +360,8 @@ def _install_service(args: argparse.Namespace) -> int:
         )
     if args.print:
         print(
-            f"# {install.unit_path}\n{install.unit_text}\n# {install.config_path}\n{EXAMPLE_CONFIG}"
+            f"# {install.unit_path}\n{install.unit_text}\n"
+            f"# {install.config_path}\n{install.config_text}"
         )
         return 0
     try:
@@ -449,8 +527,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(getattr(args, "log_level", "info"))
     func: Callable[[argparse.Namespace], int] = args.func
+    # Exit 2: a mistake in the configuration or the command line (as argparse's own), which
+    # no restart fixes: the units' RestartPreventExitStatus=2 stops systemd retrying it. Exit 1
+    # for what a retry may get past: the port still held by the instance that is stopping, an
+    # address the network has not brought up yet (the units restart it after RestartSec).
     try:
         return func(args)
+    except ListenError as exc:
+        print(f"captiond: error: {exc}", file=sys.stderr)
+        return 1
     except CaptiondError as exc:
         print(f"captiond: error: {exc}", file=sys.stderr)
         return 2

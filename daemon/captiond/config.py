@@ -8,6 +8,7 @@ are type-checked against the dataclass annotations. `dump_toml` renders the effe
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -283,8 +284,11 @@ def _build_sources(tables: Any) -> tuple[SourceConfig, ...]:
             raise ConfigError(f"[[sources]] name {source.name!r}: use letters, digits, - _ .")
         if names.count(source.name) > 1:
             raise ConfigError(f"[[sources]] name {source.name!r} is used twice")
-        if source.backlog_finals < 0 or (source.channel is not None and source.channel < 0):
-            raise ConfigError(f"[[sources]] {source.name}: backlog_finals and channel are >= 0")
+        numbers = [source.backlog_finals, source.channel, source.device]
+        if any(isinstance(n, int) and n < 0 for n in numbers):
+            raise ConfigError(
+                f"[[sources]] {source.name}: backlog_finals, channel and a device index are >= 0"
+            )
     return sources
 
 
@@ -305,44 +309,133 @@ def config_from_mapping(data: dict[str, Any], base: Config | None = None) -> Con
         for name, table in data.items()
     }
     config = dataclasses.replace(base, **updates)
+    for name in sections:
+        _check_ranges(name, getattr(config, name))
     _check_server(config.server)
     _check_stream(config.stream)
-    _check_vad(config.vad)
-    _check_engine(config.engine)
-    _check_journal(config.journal)
     return config
 
 
-def _check_engine(engine: EngineConfig) -> None:
-    for key in ("cpu_threads", "decoder_threads"):
-        if getattr(engine, key) < 0:
-            raise ConfigError(f"[engine] {key} must be 0 or more")
+@dataclass(frozen=True, slots=True)
+class Range:
+    """The values a numeric key allows: `low` (excluded when `low_open`) to `high`. NaN is in
+    no range: every comparison with it is False."""
 
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    unit: str = ""
+    why: str = ""
 
-def _check_journal(journal: JournalConfig) -> None:
-    for key in ("max_file_bytes", "max_total_bytes", "max_age_days"):
-        if not getattr(journal, key) > 0:  # `not >`: NaN is refused too
-            raise ConfigError(f"[journal] {key} must be greater than 0")
+    def holds(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        return above and value <= self.high
+
+    def describe(self) -> str:
+        low, high, unit = f"{self.low:g}", f"{self.high:g}", self.unit
+        if self.high == math.inf:
+            text = f"greater than {low}{unit}" if self.low_open else f"{low}{unit} or more"
+        elif self.low == -math.inf:
+            text = f"{high}{unit} or less"
+        elif self.low_open:
+            text = f"greater than {low} and at most {high}{unit}"
+        else:
+            text = f"between {low} and {high}{unit}"
+        return f"{text} ({self.why})" if self.why else text
 
 
 # A detached session holds up to `context_s` of audio: a day is plenty for any dropped meeting.
 _MAX_RESUME_S = 86_400.0
 _MAX_WORKERS = 64
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+# Durations counted in whole 30-ms VAD frames (vad.py): less than one frame is no time at all.
+_FRAMES = Range(30, why="one VAD frame")
+_WINDOW = Range(0, WHISPER_WINDOW_S, unit=" s")
+_POSITIVE = Range(0, low_open=True)
+_NON_NEGATIVE = Range(0)
+_AT_LEAST_ONE = Range(1)
+# Whisper's average log-probability of a decode is at most 0.
+_LOGPROB = Range(high=0)
+
+# Every int and float key of every section, checked after the file and the options are read
+# (a test holds this complete): an out-of-range value otherwise starts a "healthy" daemon whose
+# every stream fails or stays silent.
+RANGES: dict[type[Any], dict[str, Range]] = {
+    ServerConfig: {
+        "port": Range(0, 65_535, why="0 picks a free one"),
+        "max_sessions": _AT_LEAST_ONE,
+        "max_frame_bytes": _AT_LEAST_ONE,
+        "max_sessions_per_ip": _AT_LEAST_ONE,
+        "idle_timeout_s": _POSITIVE,
+        "max_audio_speed": _POSITIVE,
+        "audio_burst_s": _NON_NEGATIVE,
+        "max_buffered_s": _POSITIVE,
+        "drain_timeout_s": _POSITIVE,
+        "resume_s": Range(0, _MAX_RESUME_S),
+        "drop_grace_s": Range(0, _MAX_RESUME_S),
+        "workers": Range(1, _MAX_WORKERS),
+    },
+    VadConfig: {
+        "aggressiveness": Range(0, 3, why="webrtcvad's modes"),
+        "start_window_ms": _FRAMES,
+        # 0 would open an utterance on a window with no voiced frame in it.
+        "start_voiced_ratio": Range(0, 1, low_open=True),
+        "preroll_ms": _NON_NEGATIVE,
+        "endpoint_silence_ms": _FRAMES,
+        # Utterances are at most one Whisper window long: 30 s turns the long endpoint off.
+        "long_utterance_s": _WINDOW,
+        "long_endpoint_silence_ms": _FRAMES,
+        "final_tail_ms": _FRAMES,
+        # A frame's level is at most 0 dBFS (full scale): a floor above it refuses all speech.
+        "rms_floor_dbfs": Range(high=0),
+    },
+    StreamConfig: {
+        # 0 asks for a partial of the same audio again and again.
+        "partial_interval_ms": _FRAMES,
+        "stable_hold_back_words": _NON_NEGATIVE,
+        "stable_min_probability": Range(0, 1),
+        # Shorter utterances cut words apart; `_check_stream` also keeps cut_search_s below it.
+        "max_utterance_s": Range(1, WHISPER_WINDOW_S, unit=" s"),
+        "cut_search_s": _WINDOW,
+        # A decode is one Whisper window: context longer than 30 s would cut the new audio off.
+        "context_s": _WINDOW,
+        "partial_context_s": _WINDOW,
+        "context_chars": _NON_NEGATIVE,
+        "prompt_chars": _NON_NEGATIVE,
+        "final_beam_size": _AT_LEAST_ONE,
+        "context_beam_size": _AT_LEAST_ONE,
+        "partial_beam_size": _AT_LEAST_ONE,
+        "language_detect_s": _WINDOW,
+        "no_speech_threshold": Range(0, 1),
+        "logprob_threshold": _LOGPROB,
+        "compression_ratio_threshold": _POSITIVE,
+        "sparse_min_s": _NON_NEGATIVE,
+        "sparse_words_per_s": _NON_NEGATIVE,
+        "sparse_logprob_threshold": _LOGPROB,
+    },
+    SchedulerConfig: {"max_batch": _NON_NEGATIVE, "max_wait_ms": _NON_NEGATIVE},
+    EngineConfig: {
+        "cpu_threads": _NON_NEGATIVE,
+        "decoder_threads": _NON_NEGATIVE,
+        "partial_window_min_s": _WINDOW,
+    },
+    AuthConfig: {},
+    JournalConfig: {
+        "max_file_bytes": _POSITIVE,
+        "max_age_days": _POSITIVE,
+        "max_total_bytes": _POSITIVE,
+    },
+}
+
+
+def _check_ranges(name: str, section: Any) -> None:
+    for key, allowed in RANGES[type(section)].items():
+        value = getattr(section, key)
+        if not allowed.holds(value):
+            raise ConfigError(f"[{name}] {key} must be {allowed.describe()}, got {value!r}")
 
 
 def _check_server(server: ServerConfig) -> None:
-    for key in ("idle_timeout_s", "max_audio_speed", "max_buffered_s", "drain_timeout_s"):
-        if getattr(server, key) <= 0:
-            raise ConfigError(f"[server] {key} must be greater than 0")
-    if server.audio_burst_s < 0 or server.max_sessions_per_ip < 1:
-        raise ConfigError("[server] audio_burst_s must be >= 0 and max_sessions_per_ip >= 1")
-    if not 0 <= server.resume_s <= _MAX_RESUME_S:
-        raise ConfigError(f"[server] resume_s must be between 0 and {_MAX_RESUME_S:g}")
-    if not 0 <= server.drop_grace_s <= _MAX_RESUME_S:
-        raise ConfigError(f"[server] drop_grace_s must be between 0 and {_MAX_RESUME_S:g}")
-    if not 1 <= server.workers <= _MAX_WORKERS:
-        raise ConfigError(f"[server] workers must be between 1 and {_MAX_WORKERS}")
     if server.event_loop not in EVENT_LOOPS:
         raise ConfigError(f"[server] event_loop must be one of {', '.join(EVENT_LOOPS)}")
     if server.workers > 1 and server.tls_cert:
@@ -371,25 +464,13 @@ def _is_origin(origin: str) -> bool:
     )
 
 
-def _check_vad(vad: VadConfig) -> None:
-    # Counted in whole 30-ms frames (vad.py): less than one would end a final at its last word.
-    if vad.final_tail_ms < 30:
-        raise ConfigError("[vad] final_tail_ms must be at least 30 (one VAD frame)")
-
-
 def _check_stream(stream: StreamConfig) -> None:
-    # A decode is one Whisper window: context longer than 30 s would cut the new audio off.
-    for key in ("context_s", "partial_context_s"):
-        value = getattr(stream, key)
-        if not 0 <= value <= WHISPER_WINDOW_S:
-            raise ConfigError(f"[stream] {key} must be between 0 and {WHISPER_WINDOW_S:g} s")
-    if stream.max_utterance_s > WHISPER_WINDOW_S:
-        raise ConfigError(f"[stream] max_utterance_s must be at most {WHISPER_WINDOW_S:g} s")
-    if not 0 <= stream.stable_min_probability <= 1:
-        raise ConfigError("[stream] stable_min_probability must be between 0 and 1")
-    for key in ("final_beam_size", "context_beam_size", "partial_beam_size"):
-        if getattr(stream, key) < 1:
-            raise ConfigError(f"[stream] {key} must be 1 or more")
+    # Partials stop `cut_search_s` before the cap (session.py): at or past it, none is ever due.
+    if not stream.cut_search_s < stream.max_utterance_s:
+        raise ConfigError(
+            f"[stream] cut_search_s ({stream.cut_search_s:g} s) must be less than "
+            f"max_utterance_s ({stream.max_utterance_s:g} s)"
+        )
     try:
         language, variant = parse_language(stream.language)
     except BadMessageError as exc:

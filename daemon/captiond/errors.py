@@ -20,6 +20,11 @@ class ConfigError(CaptiondError):
     """A configuration file, option or model path is invalid."""
 
 
+class ListenError(CaptiondError):
+    """The daemon could not listen on its address, for now (the port still held): a retry may
+    pass, unlike a ConfigError (`captiond serve` exits 1, not 2)."""
+
+
 class ModelNotFoundError(ConfigError):
     """The model folder does not exist or is not a CTranslate2 Whisper folder."""
 

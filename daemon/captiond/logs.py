@@ -25,6 +25,10 @@ class _JournalFormatter(logging.Formatter):
         return f"<{_PRIORITY.get(record.levelno, 6)}>{super().format(record)}"
 
 
+# The levels `--log-level` takes (any case).
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
 def configure_logging(level: str) -> None:
     handler = logging.StreamHandler()
     if os.environ.get("JOURNAL_STREAM"):

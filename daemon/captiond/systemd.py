@@ -2,9 +2,9 @@
 
 `supervise` is one task on the event-loop thread of `captiond serve`; a datagram to
 $NOTIFY_SOCKET never blocks. WATCHDOG=1 goes out at half the watchdog period, and only while the
-engine thread's heartbeat (with workers, every worker's too) is fresh, so a hung engine gets the
-service restarted. The unit texts
-are rendered here and nowhere else: the files in systemd/ are `captiond install-service --print`
+engine thread's heartbeat (with workers, also the pool's check that replaces hung workers) is
+fresh, so a hung engine gets the service restarted. The unit texts are rendered here and nowhere
+else: the files in systemd/ are `captiond install-service --print`
 output (a test holds them equal).
 """
 
@@ -207,6 +207,9 @@ NotifyAccess=main
 ExecStart={exec_path} serve --config {spec.config}
 {spec.environment}Restart=on-failure
 RestartSec=5
+# Exit 2 is a configuration mistake, which no restart fixes; 1 (the port still held, say) may be
+# gone by the next try.
+RestartPreventExitStatus=2
 # Loading and warming the model comes before READY=1.
 TimeoutStartSec=300
 TimeoutStopSec=30
@@ -217,7 +220,7 @@ WantedBy={spec.wanted_by}
 """
 
 
-EXAMPLE_CONFIG = """\
+_EXAMPLE_CONFIG = """\
 # captiond configuration; every key is optional (`captiond serve --print-config` shows them all).
 
 [server]
@@ -239,7 +242,7 @@ port = 8765
 # Every final written to disk (fsync'd) before it is sent; read with `captiond journal show`.
 # It also lets clients resume their sessions across a daemon restart.
 # [journal]
-# dir = "/var/lib/captiond/journal"
+# dir = "{journal_dir}"
 
 [engine]
 # auto: the GPU engine when a GPU is visible, else faster-whisper on the CPU.
@@ -253,27 +256,44 @@ name = "auto"
 """
 
 
+# The template instance whose config `install-service --template` writes (/etc/captiond/0.toml).
+TEMPLATE_INSTANCE = "0"
+
+
+def example_config(journal_dir: str) -> str:
+    """The example config, its journal in `journal_dir`: a folder the unit lets the daemon
+    write (ProtectSystem=strict leaves it only its StateDirectory=)."""
+    return _EXAMPLE_CONFIG.replace("{journal_dir}", journal_dir)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Install:
     unit_path: Path
     unit_text: str
     config_path: Path
+    config_text: str
 
 
 def plan_install(kind: str, exec_path: str, env: Mapping[str, str] = os.environ) -> Install:
-    """Where `install-service` writes the unit and the example config."""
+    """Where `install-service` writes the unit and the example config, and what."""
     if kind == "user":
-        config_home = Path(env.get("XDG_CONFIG_HOME") or Path(env.get("HOME", "~")) / ".config")
+        home = Path(env.get("HOME", "~"))
+        config_home = Path(env.get("XDG_CONFIG_HOME") or home / ".config")
+        state_home = Path(env.get("XDG_STATE_HOME") or home / ".local" / "state")
         return Install(
             unit_path=config_home / "systemd" / "user" / "captiond.service",
             unit_text=render_unit(kind, exec_path),
             config_path=config_home / "captiond" / "captiond.toml",
+            config_text=example_config(str(state_home / "captiond" / "journal")),
         )
-    config = "0.toml" if kind == "template" else "captiond.toml"
+    # The template's StateDirectory=captiond/%i: each instance writes only its own folder.
+    state = f"captiond/{TEMPLATE_INSTANCE}" if kind == "template" else "captiond"
+    config = f"{TEMPLATE_INSTANCE}.toml" if kind == "template" else "captiond.toml"
     return Install(
         unit_path=Path("/etc/systemd/system") / UNIT_FILES[kind],
         unit_text=render_unit(kind, exec_path),
         config_path=Path("/etc/captiond") / config,
+        config_text=example_config(f"/var/lib/{state}/journal"),
     )
 
 
@@ -286,6 +306,6 @@ def write_install(install: Install) -> list[str]:
         done.append(f"kept {install.config_path}")
     else:
         install.config_path.parent.mkdir(parents=True, exist_ok=True)
-        install.config_path.write_text(EXAMPLE_CONFIG, encoding="utf-8")
+        install.config_path.write_text(install.config_text, encoding="utf-8")
         done.append(f"wrote {install.config_path}")
     return done

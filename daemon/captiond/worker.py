@@ -68,8 +68,10 @@ async def _serve(args: argparse.Namespace, config: Config) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
-    # Ctrl-C in a terminal reaches the whole process group: the main process decides.
+    # Ctrl-C in a terminal, a hang-up or `systemctl kill -s HUP` reaches the whole process
+    # group: the main process decides (it drains the workers with SIGTERM).
     loop.add_signal_handler(signal.SIGINT, lambda: None)
+    loop.add_signal_handler(signal.SIGHUP, lambda: None)
     adopting: set[asyncio.Task[None]] = set()
 
     def take_connections() -> None:

@@ -23,6 +23,7 @@ from captiond.bench.peer_whisperlive import MODES, peer_version
 from captiond.bench.report import config_dict, machine_facts, parse_settings
 from captiond.config import Config, load_config, override
 from captiond.engines import ENGINE_NAMES, Engine, load_engine
+from captiond.logs import LOG_LEVELS
 from captiond.scheduler import InferenceScheduler
 from captiond.server import Daemon
 from captiond_client.audiofile import read_audio_16k_mono
@@ -55,7 +56,13 @@ def add_options(p: argparse.ArgumentParser, default_clips: str) -> None:
     p.add_argument("--peer", choices=("whisperlive",), default=None, help="also measure the peer")
     p.add_argument("--peer-mode", choices=MODES, default="default", help="WhisperLive model mode")
     p.add_argument("--out", type=Path, required=True, help="folder for the JSON and the PNG")
-    p.add_argument("--log-level", default="warning", help="daemon log level (default warning)")
+    p.add_argument(
+        "--log-level",
+        default="warning",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        help="daemon log level (default warning)",
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
