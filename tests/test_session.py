@@ -136,6 +136,15 @@ def two_utterances(driver: Driver) -> None:
 # -- the message flow -------------------------------------------------------------------------
 
 
+def test_speech_started_goes_out_before_any_decode_is_due() -> None:
+    """With `language=auto` no decode is due before `language_detect_s` (3 s) of speech: the
+    utterance's start goes out as it is heard all the same (a "listening" light, barge-in)."""
+    driver = Driver(params=StreamParams(language="auto"))
+    driver.send(silence(0.5))
+    driver.send(tone(1.0))
+    assert [type(m) for m in driver.messages] == [SpeechStarted] and not driver.requests
+
+
 def test_full_flow_two_segments_then_done() -> None:
     driver = Driver()
     two_utterances(driver)
@@ -260,6 +269,7 @@ def ask_early_final(session: StreamSession) -> DecodeRequest:
         session.receive_audio(s16(samples))
     early = session.next_request()
     assert early is not None and early.kind is DecodeKind.FINAL
+    session.take_messages()  # sent, as the pump sends them (speech_started)
     return early
 
 
@@ -354,8 +364,9 @@ def test_no_early_final_offline_and_the_same_text() -> None:
 
 
 def test_audio_wakes_the_pump_only_when_a_decode_is_due() -> None:
-    """Chunks of 100 ms with partials every 500 ms: the pump is needed for one chunk in five,
-    not for every chunk; with a partial in flight, only for the final that supersedes it."""
+    """Chunks of 100 ms with partials every 500 ms: the pump is needed for one chunk in five
+    (and for the one that starts the utterance: its speech_started goes at once), not for
+    every chunk; with a partial in flight, only for the final that supersedes it."""
     driver = Driver()
     session = driver.session
     woken = []
@@ -363,7 +374,7 @@ def test_audio_wakes_the_pump_only_when_a_decode_is_due() -> None:
         session.receive_audio(s16(tone(0.1)))
         woken.append(session.needs_pump)
         driver.pump()
-    assert 4 <= sum(woken) <= 6  # 3 s of speech: the first partial once 1 s is heard
+    assert 5 <= sum(woken) <= 7  # 3 s of speech: the first partial once 1 s is heard
     session.receive_audio(s16(tone(0.5)))
     partial = session.next_request()
     assert partial is not None and partial.kind is DecodeKind.PARTIAL
@@ -479,6 +490,21 @@ def test_odd_byte_count_is_bad_audio() -> None:
 
 
 # -- sample rates and encodings ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rate_hz", [8_000, 48_000])
+def test_finalize_of_a_resampled_stream_keeps_its_last_audio(rate_hz: int) -> None:
+    """soxr holds back its filter's delay (114 ms at 8 kHz): a finalize (a push-to-talk key
+    released) ends the utterance with it, and the stream's clock goes on exactly."""
+    driver = Driver(params=StreamParams(sample_rate_hz=rate_hz))
+    driver.send(silence(0.5, rate=rate_hz))
+    driver.send(tone(2.0, rate=rate_hz))
+    driver.control(Control.FINALIZE)
+    (final,) = driver.of(Final)
+    assert final.end_ms == 2500
+    driver.send(silence(0.5, rate=rate_hz))
+    driver.control(Control.END)
+    assert driver.of(Done)[0].audio_ms == 3000
 
 
 def test_48k_f32le_stream_is_resampled() -> None:

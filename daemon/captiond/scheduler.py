@@ -230,7 +230,7 @@ async def drive_session(
             continue
         decode = asyncio.ensure_future(submit(request))
         try:
-            if not await _unless_superseded(decode, request, session, wake):
+            if not await _unless_superseded(decode, request, session, wake, deliver):
                 # A partial whose utterance ended (the final makes it moot), or an early final
                 # the speaker went on after: withdrawn, it lets what is due now go first.
                 session.abandon(request)
@@ -248,8 +248,10 @@ async def _unless_superseded(
     request: DecodeRequest,
     session: StreamSession,
     wake: asyncio.Event,
+    deliver: Callable[[], Awaitable[None]],
 ) -> bool:
-    """Wait for `decode`; False as soon as the session no longer wants it."""
+    """Wait for `decode`, sending what the session has to say meanwhile (`speech_started` of
+    a new utterance); False as soon as the session no longer wants it."""
     while not decode.done():
         if session.superseded(request):
             return False
@@ -258,6 +260,7 @@ async def _unless_superseded(
         waiting: tuple[asyncio.Future[Any], ...] = (decode, woken)
         await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         woken.cancel()
+        await deliver()
     return True
 
 

@@ -252,8 +252,13 @@ class StreamSession:
             return
         if self.state is not SessionState.STREAMING:
             raise BadMessageError(f"{control.value!r} after 'end'")
-        if control is Control.END and self._resampler is not None:
+        if self._resampler is not None and control in (Control.END, Control.FINALIZE):
+            # soxr holds back its filter's delay (23 ms at 48 kHz, 114 at 8 kHz): the utterance
+            # a finalize ends gets it too (a push-to-talk's last word); what follows goes
+            # through a new stream.
             self._push_samples(self._resampler.process(np.zeros(0, np.float32), last=True))
+            if control is Control.FINALIZE:
+                self._resampler = Resampler(self._params.sample_rate_hz)
         self._handle_vad(self._segmenter.flush(self._buffer.end_sample))
         if control is Control.END:
             self.state = SessionState.ENDING
@@ -354,13 +359,13 @@ class StreamSession:
 
     @property
     def needs_pump(self) -> bool:
-        """Whether the decode pump (scheduler.drive_session) has something to act on: a final
-        is due (also while a partial is in flight: the final supersedes it), the decode in
-        flight is superseded, an early final or a partial is due, or the stream is done. Audio
-        wakes the pump only then: woken for every 100 ms chunk, it ran ten times a second per
-        stream to find nothing to do."""
-        if self._closed or self.done:
-            return True
+        """Whether the decode pump (scheduler.drive_session) has something to act on: a
+        message to send, a final is due (also while a partial is in flight: the final
+        supersedes it), the decode in flight is superseded, an early final or a partial is due,
+        or the stream is done. Audio wakes the pump only then: woken for every 100 ms chunk, it
+        ran ten times a second per stream to find nothing to do."""
+        if self._outbox or self._closed or self.done:
+            return True  # a message waits (speech_started: it must not wait for a decode)
         if self._in_flight is not None:
             return self.superseded(self._in_flight)
         return self._early_final_due() is not None or self._partial_due()
