@@ -331,6 +331,23 @@ def test_memory_under_an_audio_flood_is_bounded() -> None:
     assert limited_growth < 100 << 20 and slow_growth < 100 << 20
 
 
+def test_a_stream_of_tiny_frames_keeps_little_per_frame() -> None:
+    """What a stream keeps per frame it reads (arrival times, for the final-latency metric) is
+    kept per 30 ms of audio: 2-byte frames (one sample each) grew it by 16,000 a second."""
+
+    async def scenario() -> int:
+        async with running_daemon() as daemon, connect(url(daemon)) as conn:
+            await conn.recv()
+            for _ in range(3_200):  # 0.2 s of audio
+                await conn.send(b"\x00\x00")
+            await conn.send(json.dumps({"type": "end"}))
+            (live,) = daemon._live.values()
+            assert (await collect(conn)).of("done")[0]["audio_ms"] == 200  # every frame read
+            return len(live.arrivals)  # silence: no final took any
+
+    assert run(scenario()) <= 200 // 30 + 2
+
+
 # -- malformed input ----------------------------------------------------------------------------
 
 

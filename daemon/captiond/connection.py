@@ -56,6 +56,10 @@ from captiond.session import SessionState, StreamSession
 
 log = logging.getLogger(__name__)
 
+# When audio arrived, kept at most per this much of it (for the final-latency metric): one
+# record per frame let a client of 2-byte frames grow a stream's list by 16,000 a second.
+_ARRIVAL_STEP_MS = 30
+
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
 CLOSE_DROPPED = 1006  # no close frame: what the journal records for a session never resumed
@@ -412,7 +416,8 @@ class LiveStream:
                         self._metrics.audio_seconds.inc(unreported_audio_s)
                         unreported_audio_s = 0.0
                     audio_ms = session.audio_ms
-                    self.arrivals.append((audio_ms, now_s))
+                    if not self.arrivals or audio_ms - self.arrivals[-1][0] >= _ARRIVAL_STEP_MS:
+                        self.arrivals.append((audio_ms, now_s))
                     horizon_ms = audio_ms - max_buffered_ms
                     while self.arrivals[0][0] < horizon_ms:
                         self.arrivals.popleft()  # no final can end there: no speech for a while
