@@ -272,6 +272,25 @@ def test_interim_results_vad_events_and_utterance_end() -> None:
     assert metadata.request_id == finals[0].metadata.request_id
 
 
+def test_speech_cut_at_the_cap_is_not_an_endpoint() -> None:
+    """Speech that runs past `max_utterance_s` (here 4 s) is cut into finals, but the speaker
+    did not stop: `speech_final` false and no UtteranceEnd or SpeechStarted at a cut (a voice
+    agent would answer a monologue mid-sentence); only its real end is an endpoint."""
+    config = make_config(
+        server={"max_audio_speed": 1e6}, stream={"max_utterance_s": 4.0, "cut_search_s": 1.0}
+    )
+    options = {**LINEAR16, "vad_events": True, "utterance_end_ms": 1000}
+    run: Run = run_with_daemon(
+        config, lambda port: listen(port, Script(tone_bursts([10.0]).tobytes()), options)
+    )
+    finals = run.finals
+    assert len(finals) >= 3
+    assert [f.speech_final for f in finals] == [False] * (len(finals) - 1) + [True]
+    assert len(run.of(ListenV1SpeechStarted)) == 1
+    (end,) = run.of(ListenV1UtteranceEnd)
+    assert run.messages.index(end) == run.messages.index(finals[-1]) + 1
+
+
 def test_only_finals_by_default() -> None:
     """Without interim_results, vad_events and utterance_end_ms: finals and Metadata only."""
     script = Script(tone_bursts([1.5, 1.0]).tobytes(), pause_s=0.02)
@@ -529,10 +548,10 @@ def test_the_words_of_a_chinese_sentence_are_its_characters() -> None:
     ]
 
 
-def test_a_finalize_is_recognised_within_the_resamplers_lag() -> None:
-    """At 48 kHz the daemon's 16 kHz stream lags the audio received: an utterance closed by
-    a Finalize ends up to 100 ms before where the client stood; one closed by the VAD earlier
-    is not from_finalize, nor is one closed after more audio."""
+def test_a_finalize_is_recognised_where_the_stream_stood() -> None:
+    """At 48 kHz too, an utterance closed by a Finalize ends where the client stood (the
+    session drains the resampler's held-back audio into it); one closed by the VAD earlier is
+    not from_finalize, nor is one closed after more audio."""
     dialect = DeepgramDialect(Query("encoding=linear16&sample_rate=48000"))
     dialect.stream_params("en")
     dialect.receive(np.zeros(48_000 * 2, "<i2").tobytes())  # 2 s
@@ -544,7 +563,7 @@ def test_a_finalize_is_recognised_within_the_resamplers_lag() -> None:
         return ListenV1Results.model_validate_json(frame).from_finalize is True
 
     assert not forced(1500)  # the VAD's, before the Finalize
-    assert forced(1960)  # the flush, 40 ms behind
+    assert forced(2000)  # the flush
     assert not forced(2990)  # later audio's
 
 

@@ -102,10 +102,11 @@ def completions(n: int) -> Callable[[list[Any]], bool]:
     return lambda events: sum(e.type == COMPLETED for e in events) >= n
 
 
-def check_items(events: Sequence[Any], speech_events: bool = True) -> None:
+def check_items(events: Sequence[Any], speech_events: bool = True, cuts: bool = False) -> None:
     """Per item: deltas only append, and together they are the final's transcript; items are
     committed in order, each naming the one before, before they complete; each was announced
-    by speech_started (only in server_vad mode)."""
+    by speech_started (only in server_vad mode, and not one that goes on from a cut at
+    `max_utterance_s`: `cuts`)."""
     sent: dict[str, str] = {}
     committed: list[str] = []
     completed: set[str] = set()
@@ -122,10 +123,10 @@ def check_items(events: Sequence[Any], speech_events: bool = True) -> None:
             completed.add(e.item_id)
     started = [e.item_id for e in events if e.type == "input_audio_buffer.speech_started"]
     stopped = [e.item_id for e in events if e.type == "input_audio_buffer.speech_stopped"]
-    if speech_events:
-        assert set(committed) <= set(started) and started[: len(stopped)] == stopped
-    else:
+    if not speech_events:
         assert not started and not stopped
+    elif not cuts:
+        assert set(committed) <= set(started) and started[: len(stopped)] == stopped
 
 
 def live_deltas(events: Sequence[Any]) -> int:
@@ -323,6 +324,32 @@ def test_push_to_talk_makes_one_item_per_commit_whatever_the_pauses() -> None:
     server_vad = run(lambda port: scenario(port, SESSION, 2))
     check_items(server_vad)
     assert sum(e.type == "input_audio_buffer.committed" for e in server_vad) == 2
+
+
+def test_speech_cut_at_the_cap_has_no_speech_events_at_the_cut() -> None:
+    """Speech past `max_utterance_s` (here 4 s) becomes several items, but speech started
+    once and stopped once: a cut is not the speaker stopping."""
+    pcm = to_24k(tone_bursts([10.0]))
+    config = make_config(server=FAST, stream={"max_utterance_s": 4.0, "cut_search_s": 1.0})
+
+    def scenario(port: int) -> list[Any]:
+        with transcription(port) as conn:
+            for start in range(0, len(pcm), 2_400):  # 100 ms every 20 ms: decodes keep up
+                append(conn, pcm[start : start + 2_400])
+                time.sleep(0.02)
+            return read_until(conn, stopped_item_completed)
+
+    def stopped_item_completed(events: list[Any]) -> bool:
+        stops = [e.item_id for e in events if e.type == "input_audio_buffer.speech_stopped"]
+        return any(e.type == COMPLETED and e.item_id in stops for e in events)
+
+    events = run(scenario, config)
+    check_items(events, cuts=True)
+    started = [e for e in events if e.type == "input_audio_buffer.speech_started"]
+    stopped = [e for e in events if e.type == "input_audio_buffer.speech_stopped"]
+    completed = [e for e in events if e.type == COMPLETED]
+    assert len(started) == 1 and len(stopped) == 1 and len(completed) >= 3
+    assert stopped[0].item_id == completed[-1].item_id != started[0].item_id
 
 
 def test_clear_is_acknowledged_and_ends_the_utterance() -> None:

@@ -821,6 +821,9 @@ def test_long_speech_is_cut_into_capped_segments() -> None:
         assert f.end_ms - f.start_ms <= 3000
     for a, b in itertools.pairwise(finals):
         assert b.start_ms >= a.end_ms - 1
+    # A cut is no pause: the speech started once and stopped once, at its real end.
+    assert [m.start_ms for m in driver.of(SpeechStarted)] == [finals[0].start_ms]
+    assert [m.end_ms for m in driver.of(SpeechStopped)] == [finals[-1].end_ms]
 
 
 def test_receive_samples_takes_16k_floats() -> None:

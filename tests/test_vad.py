@@ -347,8 +347,14 @@ def test_cap_cuts_at_the_quietest_recent_frame_and_reopens() -> None:
     cut = 80 * FRAME_SAMPLES + FRAME_SAMPLES // 2
     assert events == [
         (8, UtteranceStart(start_sample=0, speech_start_sample=0, lead_sample=0)),
-        (99, UtteranceEnd(end_sample=cut, decode_end_sample=cut)),
-        (99, UtteranceStart(start_sample=cut, speech_start_sample=cut, lead_sample=cut)),
+        # Marked as a cut, not a pause: the speech goes on.
+        (99, UtteranceEnd(end_sample=cut, decode_end_sample=cut, capped=True)),
+        (
+            99,
+            UtteranceStart(
+                start_sample=cut, speech_start_sample=cut, lead_sample=cut, continues=True
+            ),
+        ),
     ]
     assert seg.utterance_start_sample == cut
     # The reopened utterance is capped again 3 s after the cut, at a frame after the cut.

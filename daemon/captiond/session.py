@@ -457,13 +457,18 @@ class StreamSession:
                     language=None if auto else self._params.language,
                     chinese_variant=self._params.chinese_variant or "",
                 )
-                self._outbox.append(SpeechStarted(start_ms=samples_to_ms(event.start_sample)))
+                # A cut at the cap is no pause: the speech neither stopped nor started there
+                # (a voice agent takes speech_stopped for "the user is done").
+                if not event.continues:
+                    start_ms = samples_to_ms(event.start_sample)
+                    self._outbox.append(SpeechStarted(start_ms=start_ms))
             elif isinstance(event, UtteranceEnd) and self._open is not None:
                 self._open.end_sample = event.end_sample
                 self._open.decode_end_sample = event.decode_end_sample
                 self._closed.append(self._open)
                 self._open = None
-                self._outbox.append(SpeechStopped(end_ms=samples_to_ms(event.end_sample)))
+                if not event.capped:
+                    self._outbox.append(SpeechStopped(end_ms=samples_to_ms(event.end_sample)))
 
     def _detect_samples_of(self, utt: _Utterance) -> int:
         """Audio an utterance needs before its language is decided (see StreamConfig)."""

@@ -7,6 +7,7 @@ Output: `UtteranceStart` / `UtteranceEnd` events in absolute 16 kHz samples.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from collections.abc import Iterator
@@ -43,12 +44,14 @@ class UtteranceStart:
     speech_start_sample: int  # the first voiced frame (at or after start_sample)
     # Where the quiet before it began: the previous utterance's end, or the stream's start.
     lead_sample: int
+    continues: bool = False  # the speech goes on from an utterance cut at the cap: no onset
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UtteranceEnd:
     end_sample: int  # with the trailing silence that ended it
     decode_end_sample: int  # where its final's decode ends (see VadSegmenter)
+    capped: bool = False  # cut at `max_utterance_s`: the speaker did not stop
 
 
 VadEvent = UtteranceStart | UtteranceEnd
@@ -203,9 +206,11 @@ class VadSegmenter:
             yield self._close(frame_end)
         elif length_samples >= self._max_samples:
             cut = self._quietest_cut()
-            yield self._close(cut)
+            yield dataclasses.replace(self._close(cut), capped=True)
             self._open(cut)
-            yield UtteranceStart(start_sample=cut, speech_start_sample=cut, lead_sample=cut)
+            yield UtteranceStart(
+                start_sample=cut, speech_start_sample=cut, lead_sample=cut, continues=True
+            )
 
     def flush(self, end_sample: int) -> Iterator[VadEvent]:
         """Close the open utterance at `end_sample` (finalize, or end of stream)."""

@@ -15,9 +15,11 @@ Client messages: binary audio (any chunking), `KeepAlive`, `Finalize`, `CloseStr
 empty binary message, Deepgram's legacy close). On the stream's end, `Metadata`, then close 1000.
 
 Each captiond final is one `Results` with `is_final: true`. Finals come at the daemon's VAD
-endpoints, so `speech_final` is true too, except for a final forced by `Finalize`
-(`from_finalize: true`): one whose utterance ended where the stream stood at the `Finalize`
-(within the resampler's lag at rates other than 16 kHz). Times are seconds of stream audio.
+endpoints, so `speech_final` is true too (and `UtteranceEnd` follows), except for a final
+forced by `Finalize` (`from_finalize: true`): one whose utterance ended where the stream stood
+at the `Finalize`; and for one cut at `[stream] max_utterance_s` while the speaker went on (no
+`speech_stopped` came): `speech_final: false`, no `UtteranceEnd`, no new `SpeechStarted`.
+Times are seconds of stream audio.
 
 Not measured, and not presented as measured: captiond has no word timestamps or confidences.
 Word `start`/`end` divide the segment evenly (it includes pre-roll and trailing silence);
@@ -100,9 +102,6 @@ def refusal(status: int, message: str) -> tuple[str, dict[str, str]]:
 # Control messages are a few dozen bytes; a `Configure` with its 500-token keyterms a few KB.
 MAX_TEXT_BYTES = 16_384
 MAX_CHANNELS = 8
-# How far the daemon's 16 kHz stream may lag the audio received when a Finalize flushes it
-# (soxr's streaming delay: 40 ms at most, measured at 8-48 kHz).
-_RESAMPLER_LAG_MS = 100
 # Deepgram's close codes (its streaming error table) over protocol v1's (standard ones).
 _CLOSE_CODES: dict[type[SessionError], int] = {
     **CLOSE_CODES,
@@ -187,6 +186,7 @@ class DeepgramDialect:
         # for as long as the stream lives. Losing the oldest loses only a `from_finalize` flag.
         self._flushes: deque[_Flush] = deque(maxlen=_MAX_FLUSHES)
         self._finalized_end_ms: set[int] = set()  # utterance ends forced by a Finalize
+        self._stopped_end_ms: set[int] = set()  # utterance ends where speech stopped
         self._multi = False  # language=multi: results name the language detected
 
     def stream_params(self, default_language: str, english_only: str = "") -> StreamParams:
@@ -311,8 +311,12 @@ class DeepgramDialect:
         elif isinstance(message, Final):
             forced = message.end_ms in self._finalized_end_ms
             self._finalized_end_ms.discard(message.end_ms)
-            frames = [self._results(message, message.text, final=True, forced=forced)]
-            if opts.utterance_end and message.text.strip() and not forced:
+            paused = message.end_ms in self._stopped_end_ms  # not cut at the cap
+            self._stopped_end_ms.discard(message.end_ms)
+            frames = [
+                self._results(message, message.text, final=True, forced=forced, paused=paused)
+            ]
+            if opts.utterance_end and message.text.strip() and paused and not forced:
                 end = {"type": "UtteranceEnd", "channel": [0, 1]}
                 frames.append(_json({**end, "last_word_end": _seconds(message.end_ms)}))
             return frames
@@ -327,19 +331,25 @@ class DeepgramDialect:
         return close_code_for(error, _CLOSE_CODES)
 
     def _note_utterance_end(self, end_ms: int) -> None:
-        """Whether the utterance ending at `end_ms` was closed by a Finalize: its end is where
-        the stream stood then (a flush ends it at the audio received, less the resampler's
-        lag); an end past that means the flush found nothing open."""
-        lag_ms = 0 if self._rate_hz == SAMPLE_RATE_HZ else _RESAMPLER_LAG_MS
+        """Note the end of an utterance the speaker stopped, and whether a Finalize closed it:
+        its end is where the stream stood then (a flush ends it at the audio received, to the
+        millisecond); an end past that means the flush found nothing open."""
+        self._stopped_end_ms.add(end_ms)
         while self._flushes and self._flushes[0].at_ms + 1 < end_ms:
             self._flushes.popleft()
-        if self._flushes and end_ms >= self._flushes[0].at_ms - lag_ms:
+        if self._flushes and end_ms >= self._flushes[0].at_ms - 1:
             flush = self._flushes.popleft()
             if flush.finalize:
                 self._finalized_end_ms.add(end_ms)
 
     def _results(
-        self, message: Partial | Final, text: str, *, final: bool, forced: bool = False
+        self,
+        message: Partial | Final,
+        text: str,
+        *,
+        final: bool,
+        forced: bool = False,
+        paused: bool = True,
     ) -> str:
         start_ms, end_ms = message.start_ms, message.end_ms
         punctuate = self._options.punctuate
@@ -378,7 +388,7 @@ class DeepgramDialect:
                 "duration": _seconds(end_ms - start_ms),
                 "start": _seconds(start_ms),
                 "is_final": final,
-                "speech_final": final and self._options.endpointing and not forced,
+                "speech_final": final and self._options.endpointing and paused and not forced,
                 "from_finalize": forced,
                 "channel": {"alternatives": [{**alternative, "words": word_items}]},
                 "metadata": {

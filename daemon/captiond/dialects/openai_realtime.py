@@ -15,8 +15,10 @@ What differs from OpenAI, and why:
 - Items: one per utterance the daemon's VAD finds, named by where its audio starts
   (`item_{session}_{start_ms}`), so that speech events, deltas and the final name the same item
   without a lookup. An utterance in which the engine finds no words is never committed: its
-  `speech_started` names an item that does not follow (OpenAI commits an empty one). No
-  `conversation.item.added`/`.done`: a transcription client needs only the events above.
+  `speech_started` names an item that does not follow (OpenAI commits an empty one). Speech
+  that runs past `[stream] max_utterance_s` is cut into items with no speech events at the
+  cut (the speaker did not stop). No `conversation.item.added`/`.done`: a transcription
+  client needs only the events above.
 - Deltas are append-only, so only stable words are sent as deltas, live while the speaker
   talks: each partial's newly stable words, then at the final the words after them (the final
   always starts with the stable words). `.completed` carries the final's full text and comes
@@ -198,9 +200,14 @@ class OpenAIRealtimeDialect:
             )
         if isinstance(message, SpeechStopped):
             return self._speech("input_audio_buffer.speech_stopped", audio_end_ms=message.end_ms)
+        # Speech that goes on past a cut at the cap starts an utterance with no
+        # speech_started, where the cut item ended: its partials, or that final, name the item
+        # speech_stopped will close (utterances follow each other, so the newest wins).
         if isinstance(message, Partial):
+            self._open_start_ms = max(self._open_start_ms, message.start_ms)
             return self._deltas(message.segment, message.start_ms, message.stable)
         if isinstance(message, Final):
+            self._open_start_ms = max(self._open_start_ms, message.end_ms)
             return self._final(message)
         if isinstance(message, Error):
             return [self._error(message.code, message.message)]
