@@ -383,6 +383,10 @@ def test_update_configuration_and_query_parameters() -> None:
     assert (params.sample_rate_hz, params.encoding, params.language) == (48000, "pcm_s16le", "de")
     several = AssemblyAIDialect({"language_codes": '["en", "es"]'}).stream_params("en")
     assert several.language == "auto"
+    # The multilingual model with detection and no language named detects it.
+    detect = {"speech_model": "universal-streaming-multilingual", "language_detection": "true"}
+    assert AssemblyAIDialect(detect).stream_params("en").language == "auto"
+    assert AssemblyAIDialect({}).stream_params("en").language == "en"
     assert params.prompt is None
     terms = AssemblyAIDialect({"keyterms_prompt": '["Grafana", " Dr. Okafor "]'})
     assert terms.stream_params("en").prompt == "Grafana, Dr. Okafor."

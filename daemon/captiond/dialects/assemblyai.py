@@ -31,7 +31,8 @@ Unsupported: pcm_mulaw and the compressed encodings (an error: captiond takes li
 `prompt` (an instruction to AssemblyAI's model, which Whisper would read as words said before),
 `inactivity_timeout` (the daemon's `[server] idle_timeout_s` applies, and KeepAlive does not hold
 it), speaker labels, PII redaction, `Heartbeat`: ignored, as are unknown fields. Several
-`language_codes` decode as "auto" (any language Whisper knows).
+`language_codes` decode as "auto" (any language Whisper knows), as does `language_detection=true`
+with no language named.
 `expires_at` is nominal (AssemblyAI's 3-hour limit): captiond ends no session for its age.
 """
 
@@ -46,6 +47,7 @@ from typing import Any
 from captiond.dialects import Received
 from captiond.errors import BadAudioError, BadMessageError, SessionError
 from captiond.protocol import (
+    AUTO_LANGUAGE,
     Control,
     Done,
     Error,
@@ -124,6 +126,8 @@ class AssemblyAIDialect:
             language = _language_of(_json(query["language_codes"]))
         elif "language_code" in query:
             language = _language_of([query["language_code"]])
+        elif self._language_detection:  # AssemblyAI's multilingual model, no language named
+            language = AUTO_LANGUAGE
         rate = query.get("sample_rate", "16000")
         params = parse_stream_params({"sample_rate": rate, "language": language}, default_language)
         if "keyterms_prompt" in query:
