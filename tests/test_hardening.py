@@ -476,7 +476,7 @@ def test_a_language_the_model_cannot_caption_is_refused_when_the_stream_opens() 
     """The fake engine is English-only, as tiny.en: Spanish would decode to nothing, silently;
     a code Whisper does not know once failed the stream at its first decode (engine_failed)."""
 
-    async def scenario() -> tuple[Exchange, Exchange, int | None, Exchange]:
+    async def scenario() -> tuple[Exchange, Exchange, int | None, Exchange, Exchange]:
         async with running_daemon() as daemon:
             spanish = await stream_pcm(url(daemon, query="language=es"), tone_bursts([1.0]))
             unknown = await stream_pcm(url(daemon, query="language=xx"), tone_bursts([1.0]))
@@ -485,10 +485,17 @@ def test_a_language_the_model_cannot_caption_is_refused_when_the_stream_opens() 
                 "&language=es"
             )
             auto = await stream_pcm(url(daemon, query="language=auto"), tone_bursts([1.0]))
-        return spanish, unknown, deepgram, auto
+            # Translation too: an English-only model has no translate task.
+            translate = await stream_pcm(url(daemon, query="task=translate"), tone_bursts([1.0]))
+        return spanish, unknown, deepgram, auto, translate
 
-    spanish, unknown, deepgram, auto = run(scenario())
-    for refused, words in ((spanish, "English-only"), (unknown, "not one Whisper knows")):
+    spanish, unknown, deepgram, auto, translate = run(scenario())
+    refusals = (
+        (spanish, "English-only"),
+        (unknown, "not one Whisper knows"),
+        (translate, "task 'translate' needs a multilingual model"),
+    )
+    for refused, words in refusals:
         assert [e["code"] for e in refused.of("error")] == ["bad_message"]
         assert words in refused.of("error")[0]["message"] and refused.close_code == 1008
     assert deepgram == 400

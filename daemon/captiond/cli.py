@@ -35,7 +35,12 @@ from captiond.engines import ENGINE_NAMES, Engine, EngineInfo, load_engine
 from captiond.errors import CaptiondError, ConfigError, ListenError, SessionError
 from captiond.logs import LOG_LEVELS
 from captiond.loop import run as run_loop
-from captiond.protocol import AUTO_LANGUAGE, check_model_language, parse_language
+from captiond.protocol import (
+    AUTO_LANGUAGE,
+    check_model_language,
+    check_model_task,
+    parse_language,
+)
 
 log = logging.getLogger("captiond")
 
@@ -94,16 +99,23 @@ def _config_from(args: argparse.Namespace) -> Config:
     )
 
 
-def _load_warm_engine(config: Config) -> Engine:
+def _load_warm_engine(config: Config, task: str = "transcribe") -> Engine:
     started = time.monotonic()
     engine = load_engine(config.engine)
-    # Before the warm-up: a language the model cannot caption is refused without waiting.
+    # Before the warm-up: a language or task the model cannot do is refused without waiting.
     english_only = EngineInfo.of(engine).english_only
     try:
-        check_model_language(config.stream.language, english_only)
-    except SessionError as exc:
+        try:
+            check_model_language(config.stream.language, english_only)
+        except SessionError as exc:
+            raise ConfigError(f"[stream] language / --language: {exc}") from None
+        try:
+            check_model_task(task, english_only)
+        except SessionError as exc:
+            raise ConfigError(f"--task: {exc}") from None
+    except ConfigError:
         engine.close()
-        raise ConfigError(f"[stream] language / --language: {exc}") from None
+        raise
     if config.stream.language == AUTO_LANGUAGE and english_only:
         log.warning("the model %s is English-only: language auto is English", english_only)
     engine.warmup()
@@ -412,7 +424,7 @@ def _transcribe(args: argparse.Namespace) -> int:
         samples = read_audio_16k_mono(args.file)
     except (AudioFileError, OSError) as exc:
         raise CaptiondError(f"cannot read {str(args.file)!r}: {exc}") from None
-    engine = _load_warm_engine(config)
+    engine = _load_warm_engine(config, args.task)
     try:
         started = time.monotonic()
         transcript = transcribe_samples(samples, engine, config, task=args.task)

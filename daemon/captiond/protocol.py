@@ -137,6 +137,16 @@ def check_model_language(language: str, english_only: str) -> None:
         )
 
 
+def check_model_task(task: str, english_only: str) -> None:
+    """Refuse translation with an English-only model: it has no translate task, and decoding
+    other speech as English gives mostly nothing at all."""
+    if english_only and task == "translate":
+        raise BadMessageError(
+            f"the model {english_only} is English-only: task 'translate' needs a multilingual "
+            "model (captiond serve --model base)"
+        )
+
+
 def check_prompt(prompt: str, what: str = "prompt") -> str:
     """A stream's prompt, stripped; `what` names it in the error as the client's protocol does."""
     if len(prompt) > MAX_PROMPT_CHARS:

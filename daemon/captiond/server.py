@@ -63,6 +63,7 @@ from captiond.protocol import (
     ResumeRequest,
     StreamParams,
     check_model_language,
+    check_model_task,
     parse_resume,
     parse_since,
 )
@@ -398,6 +399,7 @@ class Daemon:
         english_only = self.decoder.engine_info.english_only
         params = dialect.stream_params(self.config.stream.language, english_only)
         check_model_language(params.language, english_only)
+        check_model_task(params.task, english_only)
         return params
 
     def _open_stream(
