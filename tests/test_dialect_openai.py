@@ -34,7 +34,7 @@ from openai.types.realtime import (
 )
 from openai.types.realtime import SessionCreatedEvent
 from websockets.asyncio.client import connect
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from captiond import protocol
 from captiond.config import Config
@@ -407,6 +407,37 @@ def test_an_english_only_model_refuses_a_session_update_to_another_language() ->
     assert refused.type == "error" and refused.error.code == "invalid_value"
     assert "English-only" in refused.error.message
     assert engine.languages and set(engine.languages) == {"en"}
+
+
+class BaseLikeEngine(RecordingEngine):
+    """A multilingual fake that, as Whisper base, has no Cantonese token."""
+
+    @property
+    def known_languages(self) -> frozenset[str]:
+        return super().known_languages - {"yue"}
+
+
+def test_a_session_update_to_a_language_the_model_lacks_ends_the_session() -> None:
+    """A language the model has no token for would fail or silence every decode: the update
+    ends the session with its error (`bad_message`), not the decodes of its batch."""
+    engine = BaseLikeEngine()
+
+    def scenario(port: int) -> list[Any]:
+        with transcription(port) as conn:
+            conn.session.update(session=session_with(transcription={"language": "yue"}))
+            events: list[Any] = []
+            with contextlib.suppress(ConnectionClosed):
+                while True:
+                    events.append(conn.recv())
+        return events
+
+    events = run(scenario, engine=engine)
+    # The dialect takes the update (a language Whisper knows); the daemon then refuses it.
+    assert [e.type for e in events] == ["session.updated", "error"]
+    error = events[-1]
+    assert error.error.code == "bad_message"
+    assert "does not know language 'yue'" in error.error.message
+    assert "yue" not in engine.languages
 
 
 def test_session_update_sets_the_prompt_and_a_refused_one_changes_nothing() -> None:

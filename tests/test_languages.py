@@ -116,3 +116,19 @@ def test_translate_gives_english(
     text = " ".join(m["text"] for m in finals).lower()
     assert english in text and text.isascii(), text
     assert {m["language"] for m in finals} == {clip_id[:2]}, "the spoken language is named"
+
+
+def test_a_language_the_model_has_no_token_for_is_refused(engine: Engine) -> None:
+    """Whisper base knows 99 languages: Cantonese (`yue`) came with large-v3. Asked for it, it
+    decoded without a language token and gave nothing, silently; now the stream is refused."""
+    assert len(engine.known_languages) == 99 and "yue" not in engine.known_languages
+    assert {"en", "zh", "ja", "ar"} <= engine.known_languages
+
+    async def scenario() -> list[dict[str, Any]]:
+        async with running_daemon(engine=engine, vad_factory=None) as daemon:
+            ex = await stream_pcm(url(daemon, query="language=yue"), np.zeros(16_000, "<i2"))
+        assert ex.close_code == 1008
+        return ex.messages
+
+    (error,) = asyncio.run(scenario())
+    assert error["code"] == "bad_message" and "large-v3" in error["message"], error

@@ -269,3 +269,8 @@ def test_language_hint_hysteresis(
         reference, encoded[UNSURE_CLIP], "nl", "transcribe"
     )
     assert results[2].tokens == given[0].tokens
+
+
+def test_it_knows_the_languages_of_the_model(engine: TorchGraphEngine) -> None:
+    """Base's 99 language tokens, as faster-whisper's tokenizer has them (no `yue`)."""
+    assert len(engine.known_languages) == 99 and "yue" not in engine.known_languages

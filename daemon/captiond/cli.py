@@ -37,6 +37,7 @@ from captiond.logs import LOG_LEVELS
 from captiond.loop import run as run_loop
 from captiond.protocol import (
     AUTO_LANGUAGE,
+    check_model_knows,
     check_model_language,
     check_model_task,
     parse_language,
@@ -103,10 +104,13 @@ def _load_warm_engine(config: Config, task: str = "transcribe") -> Engine:
     started = time.monotonic()
     engine = load_engine(config.engine)
     # Before the warm-up: a language or task the model cannot do is refused without waiting.
-    english_only = EngineInfo.of(engine).english_only
+    info = EngineInfo.of(engine)
+    english_only = info.english_only
     try:
         try:
             check_model_language(config.stream.language, english_only)
+            language, _ = parse_language(config.stream.language)
+            check_model_knows(language, info.model_name, info.known_languages)
         except SessionError as exc:
             raise ConfigError(f"[stream] language / --language: {exc}") from None
         try:

@@ -30,6 +30,7 @@ from captiond import SAMPLE_RATE_HZ
 from captiond.config import ServerConfig
 from captiond.dialects import Dialect
 from captiond.dialects.native import NativeDialect
+from captiond.engines import EngineInfo
 from captiond.errors import (
     BadMessageError,
     FrameTooLargeError,
@@ -49,6 +50,8 @@ from captiond.protocol import (
     Final,
     Partial,
     ServerMessage,
+    check_model_knows,
+    parse_language,
 )
 from captiond.resume import HeldFinals, ResumeKey
 from captiond.scheduler import Submit, drive_session
@@ -122,8 +125,10 @@ class LiveStream:
         journal: SessionJournal | None,
         resume_key: ResumeKey | None,
         received_bytes: int = 0,
+        engine: EngineInfo | None = None,
     ) -> None:
         self.id = session_id
+        self._engine = engine  # what a session update's language is checked against
         self.session = session
         self.journal = journal
         self.resume_key = resume_key
@@ -395,6 +400,10 @@ class LiveStream:
                         await conn.send(reply)
                 control, audio = received.control, received.audio
                 if received.language is not None:
+                    if self._engine is not None:  # the dialect checked English-only models
+                        code, _ = parse_language(received.language)
+                        engine = self._engine
+                        check_model_knows(code, engine.model_name, engine.known_languages)
                     session.set_language(received.language)
                 if received.prompt is not None:
                     session.set_prompt(received.prompt)

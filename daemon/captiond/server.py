@@ -62,6 +62,7 @@ from captiond.protocol import (
     Resumed,
     ResumeRequest,
     StreamParams,
+    check_model_knows,
     check_model_language,
     check_model_task,
     parse_resume,
@@ -396,10 +397,11 @@ class Daemon:
             self._per_ip.hold(live.id, ip)  # until it is resumed, ends or is let go
 
     def _stream_params(self, dialect: Dialect) -> StreamParams:
-        english_only = self.decoder.engine_info.english_only
-        params = dialect.stream_params(self.config.stream.language, english_only)
-        check_model_language(params.language, english_only)
-        check_model_task(params.task, english_only)
+        engine = self.decoder.engine_info
+        params = dialect.stream_params(self.config.stream.language, engine.english_only)
+        check_model_language(params.language, engine.english_only)
+        check_model_knows(params.language, engine.model_name, engine.known_languages)
+        check_model_task(params.task, engine.english_only)
         return params
 
     def _open_stream(
@@ -451,6 +453,7 @@ class Daemon:
             journal=journal,
             resume_key=resume_key,
             received_bytes=received_bytes,
+            engine=self.decoder.engine_info,
         )
         self._live[session_id] = live
         self.sessions_total += 1

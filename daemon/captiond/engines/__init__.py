@@ -154,6 +154,12 @@ class Engine(Protocol):
         """The model knows languages other than English (and can detect and translate)."""
         ...
 
+    @property
+    def known_languages(self) -> frozenset[str]:
+        """The language codes the model has a token for (Cantonese, `yue`, came with
+        large-v3: the models before it know 99)."""
+        ...
+
     def warmup(self) -> None:
         """Run one throw-away batch so the first real request is not slow (graph capture etc.)."""
 
@@ -173,6 +179,7 @@ class EngineInfo:
     model_name: str
     multilingual: bool
     max_batch: int
+    known_languages: frozenset[str] = frozenset()
 
     @property
     def english_only(self) -> str:
@@ -181,7 +188,13 @@ class EngineInfo:
 
     @classmethod
     def of(cls, engine: Engine) -> EngineInfo:
-        return cls(engine.name, engine.model_name, engine.multilingual, engine.max_batch)
+        return cls(
+            engine.name,
+            engine.model_name,
+            engine.multilingual,
+            engine.max_batch,
+            engine.known_languages,
+        )
 
 
 # Prompt and prefix texts whose tokens are kept: two or three per live stream.

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from captiond.engines import EngineRequest, EngineResult, PhaseTimes
+from captiond.protocol import WHISPER_LANGUAGES
 
 WORD_SAMPLES = 4_000
 
@@ -42,6 +43,10 @@ class FakeEngine:
     @property
     def multilingual(self) -> bool:
         return False
+
+    @property
+    def known_languages(self) -> frozenset[str]:
+        return WHISPER_LANGUAGES if self.multilingual else frozenset({"en"})
 
     def warmup(self) -> None:
         """Nothing to warm."""

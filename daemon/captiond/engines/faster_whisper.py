@@ -35,6 +35,7 @@ from captiond.engines import (
 )
 from captiond.errors import ConfigError
 from captiond.models import model_display_name
+from captiond.protocol import WHISPER_LANGUAGES
 
 MAX_LENGTH = 448  # Whisper's text context: prompt plus generated tokens
 
@@ -96,6 +97,16 @@ class FasterWhisperEngine:
     @property
     def multilingual(self) -> bool:
         return bool(self._model.model.is_multilingual)
+
+    @property
+    def known_languages(self) -> frozenset[str]:
+        # faster-whisper's `supported_languages` lists every code Whisper ever had, whatever
+        # the model: its tokenizer says which it has.
+        if not self.multilingual:
+            return frozenset({"en"})
+        vocabulary = self._model.hf_tokenizer
+        known = (c for c in WHISPER_LANGUAGES if vocabulary.token_to_id(f"<|{c}|>") is not None)
+        return frozenset(known)
 
     @property
     def separate_decoder(self) -> bool:

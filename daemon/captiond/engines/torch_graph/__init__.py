@@ -203,6 +203,10 @@ class TorchGraphEngine:
     def multilingual(self) -> bool:
         return self.tokens.multilingual
 
+    @property
+    def known_languages(self) -> frozenset[str]:
+        return frozenset(self.tokens.language_codes) if self.multilingual else frozenset({"en"})
+
     def warmup(self) -> None:
         """One eager batch (kernel selection, language detection on multilingual models), then
         graph capture for every bucket (on CUDA)."""
