@@ -31,7 +31,9 @@ from captiond.cli import _listen
 from captiond.cli import main as cli_main
 from captiond.config import ServerConfig
 from captiond.errors import ConfigError
+from captiond_client.cli import main as client_main
 from captiond_client.display import render_transcript
+from captiond_client.stream import StreamError
 
 CAPTIOND = [sys.executable, "-m", "captiond.cli"]
 CLIENT = [sys.executable, "-m", "captiond_client.cli"]
@@ -162,6 +164,87 @@ def test_a_vtt_cue_is_text_not_markup() -> None:
     assert render_transcript(finals, ".srt").endswith("\nif a <b and c> d, R&D\n")
 
 
+def test_a_json_transcript_has_the_text_and_segments_of_transcribe_json() -> None:
+    finals = [
+        {"type": "final", "segment": 0, "start_ms": 0, "end_ms": 900, "text": "Ask not."},
+        {"type": "final", "segment": 1, "start_ms": 950, "end_ms": 2000, "text": "Ask what."},
+    ]
+    out = json.loads(render_transcript(finals, ".json"))
+    assert out == {"text": "Ask not. Ask what.", "segments": finals}
+    with pytest.raises(ValueError, match=r"no transcript format for '\.docx'"):
+        render_transcript(finals, ".docx")
+
+
+def test_client_refuses_an_out_file_it_could_not_write_before_streaming(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checked first: otherwise the whole stream's finals would be lost at its end (and a
+    .json used to be written as plain text)."""
+    wav = silent_wav(tmp_path)
+    nowhere = f"ws://127.0.0.1:{free_port()}/v1/stream"  # never reached
+    for out, message in (
+        (tmp_path / "talk.docx", "the file must end in one of .txt, .vtt, .srt, .json"),
+        (tmp_path / "nope" / "talk.vtt", f"there is no folder {tmp_path / 'nope'}"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            client_main(["stream", str(wav), "--url", nowhere, "--out", str(out)])
+        assert exit_.value.code == 2
+        assert f"argument --out: {out}: {message}\n" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("ending", "exit_code"), [(KeyboardInterrupt(), 130), (StreamError("the daemon left"), 1)]
+)
+def test_client_writes_the_finals_received_when_ctrl_c_or_an_error_ends_the_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ending: BaseException, exit_code: int
+) -> None:
+    """What was received is written; a stream that ended before any final leaves an earlier
+    file as it was."""
+    final = {"type": "final", "segment": 0, "start_ms": 0, "end_ms": 900, "text": "Ask not."}
+    sent: list[dict[str, Any]] = []
+
+    async def ended(*args: Any, on_message: Any, **kwargs: Any) -> None:
+        for message in sent:
+            on_message(message)
+        raise ending
+
+    monkeypatch.setattr("captiond_client.cli.stream_samples", ended)
+    out = tmp_path / "talk.srt"
+    out.write_text("earlier\n")
+    argv = ["stream", str(silent_wav(tmp_path)), "--out", str(out)]
+    assert client_main(argv) == exit_code
+    assert out.read_text() == "earlier\n"
+    sent.append(final)
+    assert client_main(argv) == exit_code
+    assert out.read_text() == "1\n00:00:00,000 --> 00:00:00,900\nAsk not.\n"
+
+
+@pytest.mark.model
+def test_client_ctrl_c_keeps_the_finals_received(
+    daemon_url: str, speech_dir: Path, speech_manifest: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """A real SIGINT in real time, after the first final."""
+    m = clip(speech_manifest, "jfk_inaugural_1961")
+    out = tmp_path / "t.vtt"
+    command = [*CLIENT, "stream", str(speech_dir / m["file"]), "--url", daemon_url]
+    proc = subprocess.Popen(
+        [*command, "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        first = proc.stdout.readline()  # "[00:00:00.000] And so my fellow Americans."
+        assert first.startswith("[00:"), proc.stderr.read()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    vtt = out.read_text()
+    assert vtt.startswith("WEBVTT") and first.split("] ", 1)[1].strip() in vtt
+    assert "final(s) received to" in proc.stderr.read()
+
+
 def test_client_reports_a_missing_daemon(tmp_path: Path) -> None:
     wav = silent_wav(tmp_path)
     run = subprocess.run(
@@ -194,6 +277,26 @@ def test_transcribe_json(
     assert "ask not what your country can do for you" in words
     assert "what you can do for your country" in words
     assert out["segments"] and {"start_ms", "end_ms", "text"} <= set(out["segments"][0])
+
+
+def test_transcribe_refuses_what_the_bundled_model_cannot_do(
+    speech_dir: Path, speech_manifest: list[dict[str, Any]]
+) -> None:
+    """tiny.en has no translate task and one language: it would return nothing, silently."""
+    wav = speech_dir / clip(speech_manifest, "jfk_inaugural_1961")["file"]
+    for option, words in (
+        (["--task", "translate"], "task 'translate'"),
+        (["--language", "yue"], "yue"),
+    ):
+        run = subprocess.run(
+            [*CAPTIOND, "transcribe", str(wav), *option],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert run.returncode == 2 and words in run.stderr and "multilingual" in run.stderr, (
+            run.stderr
+        )
 
 
 def test_print_config_and_config_errors(tmp_path: Path) -> None:

@@ -7,19 +7,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from captiond_client import DEFAULT_URL
 from captiond_client.audiofile import AudioFileError, read_audio_16k_mono
-from captiond_client.display import CaptionPrinter, write_transcript
+from captiond_client.display import TRANSCRIPT_SUFFIXES, CaptionPrinter, write_transcript
 from captiond_client.stream import StreamError, stream_samples
 
 _RETRY_HELP = (
     "seconds to keep reconnecting (and resuming the session) after the connection drops; "
     "0 gives up at once (default 300)"
+)
+_OUT_HELP = (
+    "write the final transcript: .txt, .vtt, .srt or .json (by the suffix); also what was "
+    "received when Ctrl-C or an error ends the stream"
 )
 
 
@@ -33,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--speed", type=float, default=1.0, help="times real time; 0 sends as fast as possible"
     )
     p.add_argument("--json", action="store_true", help="print every server message as JSON")
-    p.add_argument("--out", type=Path, help="write the final transcript (.txt, .vtt or .srt)")
+    p.add_argument("--out", type=_transcript_path, help=_OUT_HELP)
     p.add_argument("--retry-for", type=float, default=300.0, help=_RETRY_HELP)
     p.set_defaults(func=_stream)
     m = sub.add_parser("mic", help="stream this machine's microphone until Ctrl-C")
@@ -41,22 +46,50 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--device", default="default", help="input device: index, name or 'default'")
     m.add_argument("--channel", type=int, help="input channel (default: mean of the first two)")
     m.add_argument("--json", action="store_true", help="print every server message as JSON")
-    m.add_argument("--out", type=Path, help="write the final transcript (.txt, .vtt or .srt)")
+    m.add_argument("--out", type=_transcript_path, help=_OUT_HELP)
     m.add_argument("--retry-for", type=float, default=300.0, help=_RETRY_HELP)
     m.set_defaults(func=_mic)
     return parser
 
 
+def _transcript_path(value: str) -> Path:
+    """--out, checked before anything is streamed: a transcript that cannot be written at the
+    end would lose the whole stream's finals."""
+    path = Path(value)
+    if path.suffix.lower() not in TRANSCRIPT_SUFFIXES:
+        formats = ", ".join(TRANSCRIPT_SUFFIXES)
+        raise argparse.ArgumentTypeError(f"{value}: the file must end in one of {formats}")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{value}: there is no folder {path.parent}")
+    return path
+
+
+@contextlib.contextmanager
+def _transcript_kept(path: Path | None, printer: CaptionPrinter) -> Iterator[None]:
+    """Writes `path` when the stream ends, and also when Ctrl-C or an error ends it: then with
+    the finals received so far, if any (a stream that never started does not overwrite an
+    earlier transcript with nothing)."""
+    try:
+        yield
+    except BaseException:
+        if path is not None and printer.finals:
+            write_transcript(path, printer.finals)
+            received = f"the {len(printer.finals)} final(s) received"
+            print(f"captiond-client: wrote {received} to {path}", file=sys.stderr)
+        raise
+    if path is not None:
+        write_transcript(path, printer.finals)
+
+
 def _stream(args: argparse.Namespace) -> int:
     samples = read_audio_16k_mono(args.file)
     printer = CaptionPrinter(as_json=args.json)
-    asyncio.run(
-        stream_samples(
-            args.url, samples, speed=args.speed, on_message=printer, retry_for_s=args.retry_for
+    with _transcript_kept(args.out, printer):
+        asyncio.run(
+            stream_samples(
+                args.url, samples, speed=args.speed, on_message=printer, retry_for_s=args.retry_for
+            )
         )
-    )
-    if args.out:
-        write_transcript(args.out, printer.finals)
     return 0
 
 
@@ -80,9 +113,8 @@ def _mic(args: argparse.Namespace) -> int:
             retry_for_s=args.retry_for,
         )
 
-    asyncio.run(run())
-    if args.out:
-        write_transcript(args.out, printer.finals)
+    with _transcript_kept(args.out, printer):
+        asyncio.run(run())
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Showing captions on a terminal, and writing transcripts (.txt, .vtt, .srt).
+"""Showing captions on a terminal, and writing transcripts (.txt, .vtt, .srt, .json).
 
 Main-thread helpers of the CLI. On a terminal the current partial is redrawn in place: stable
 words plain, the unstable tail dim; each final is printed on its own line.
@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from captiond.text import joins_without_space
+from captiond.text import join_texts, joins_without_space
 
 DIM, BOLD, RESET, CLEAR_LINE = "\x1b[2m", "\x1b[1m", "\x1b[0m", "\r\x1b[2K"
+TRANSCRIPT_SUFFIXES = (".txt", ".vtt", ".srt", ".json")
 
 
 class CaptionPrinter:
@@ -73,7 +74,8 @@ def format_clock(ms: int, sep: str = ".") -> str:
 
 
 def render_transcript(finals: list[dict[str, Any]], suffix: str) -> str:
-    """Plain text, WebVTT or SubRip, chosen by the output file's suffix."""
+    """Plain text, WebVTT, SubRip or JSON, chosen by the output file's suffix (one of
+    TRANSCRIPT_SUFFIXES)."""
     if suffix == ".vtt":
         # Cue text is markup in WebVTT: "&", "<" and ">" are escaped (the page's export too).
         cues = [
@@ -89,7 +91,13 @@ def render_transcript(finals: list[dict[str, Any]], suffix: str) -> str:
             for i, f in enumerate(finals, start=1)
         ]
         return "\n".join(cues)
-    return "".join(f"{f['text']}\n" for f in finals)
+    if suffix == ".json":
+        # The "text" and "segments" of `captiond transcribe --json`: the finals as received.
+        transcript = {"text": join_texts(f["text"] for f in finals), "segments": finals}
+        return json.dumps(transcript, ensure_ascii=False) + "\n"
+    if suffix == ".txt":
+        return "".join(f"{f['text']}\n" for f in finals)
+    raise ValueError(f"no transcript format for {suffix!r}: {', '.join(TRANSCRIPT_SUFFIXES)}")
 
 
 def write_transcript(path: Path, finals: list[dict[str, Any]]) -> None:
