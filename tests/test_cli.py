@@ -27,7 +27,7 @@ from conftest import read_wav_int16
 from daemon_harness import make_config, running_daemon, url
 from test_audiofile import encode
 
-from captiond.cli import _listen
+from captiond.cli import _binding
 from captiond.cli import main as cli_main
 from captiond.config import ServerConfig
 from captiond.errors import ConfigError
@@ -403,7 +403,8 @@ def test_start_up_mistakes_are_one_line_errors_that_stop_restarts(tmp_path: Path
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_an_address_it_cannot_listen_on_is_a_one_line_error_to_retry(workers: str) -> None:
     """Exit 1: a port still held by the instance that is stopping, an address the network has
-    not brought up yet may both pass on systemd's next try."""
+    not brought up yet may both pass on systemd's next try. Both are found before the engine
+    loads."""
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
@@ -421,6 +422,8 @@ def test_an_address_it_cannot_listen_on_is_a_one_line_error_to_retry(workers: st
             assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
             expected = f"captiond: error: cannot listen on {host}:{port}: {os.strerror(reason)}"
             assert run.stderr.splitlines()[-1] == expected, run.stderr
+            # Found before the engine's (on a GPU, minutes of) loading, not after it.
+            assert "loaded and warmed up" not in run.stderr, run.stderr
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
@@ -448,11 +451,11 @@ def test_only_binding_errors_are_named_as_the_address() -> None:
     """A privileged port without the privilege (this test may run as root) is a mistake; an
     OSError that is not the bind's stays as it is."""
 
-    async def start(error: OSError) -> None:
-        raise error
-
     server = ServerConfig(host="::1", port=80)
-    with pytest.raises(ConfigError, match=r"^cannot listen on \[::1\]:80: Permission denied$"):
-        asyncio.run(_listen(start(PermissionError(errno.EACCES, "x")), server))
-    with pytest.raises(OSError, match="Too many open files"):
-        asyncio.run(_listen(start(OSError(errno.EMFILE, "Too many open files")), server))
+    with (
+        pytest.raises(ConfigError, match=r"^cannot listen on \[::1\]:80: Permission denied$"),
+        _binding(server),
+    ):
+        raise PermissionError(errno.EACCES, "x")
+    with pytest.raises(OSError, match="Too many open files"), _binding(server):
+        raise OSError(errno.EMFILE, "Too many open files")

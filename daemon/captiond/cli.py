@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import errno
 import json
@@ -20,7 +21,7 @@ import ssl
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from captiond.config import (
@@ -201,6 +202,7 @@ def _serve(args: argparse.Namespace) -> int:
     from captiond.systemd import Notifier, Supervised, supervise
 
     _check_tls(config.server)
+    _probe_address(config.server)
     scheduler = InferenceScheduler(_load_warm_engine(config), config.scheduler)
     scheduler.start()
     notifier = Notifier()
@@ -216,13 +218,15 @@ def _serve(args: argparse.Namespace) -> int:
             from captiond.server import Daemon
 
             daemon = single = Daemon(config, scheduler)
-            await _listen(single.start(), config.server)
+            with _binding(config.server):
+                await single.start()
             port = single.port
         else:
             from captiond.workers import WorkerPool
 
             daemon = pool = WorkerPool(config, scheduler, metrics_dir=metrics_dir)
-            await _listen(pool.start(), config.server)
+            with _binding(config.server):
+                await pool.start()
             port = pool.port
         scheme = "wss" if config.server.tls_cert else "ws"
         log.info("ready: %s://%s:%d/v1/stream", scheme, config.server.host, port)
@@ -280,12 +284,14 @@ _BIND_RETRYABLE = (errno.EADDRINUSE, errno.EADDRNOTAVAIL)
 _BIND_REFUSED = (errno.EACCES,)
 
 
-async def _listen(start: Awaitable[None], server: ServerConfig) -> None:
-    """Await the daemon's `start`, which binds its socket, naming the address it failed on."""
+@contextlib.contextmanager
+def _binding(server: ServerConfig) -> Iterator[None]:
+    """Around what binds the daemon's address: a failure names the address, as a ListenError
+    (a retry may pass) or a ConfigError (see `main`)."""
     host = f"[{server.host}]" if ":" in server.host else server.host
     where = f"cannot listen on {host}:{server.port}"
     try:
-        await start
+        yield
     except socket.gaierror as exc:
         # The host is no address and no name this machine can resolve: a configuration
         # mistake, unless resolving only failed for now (no DNS server reachable yet).
@@ -297,6 +303,22 @@ async def _listen(start: Awaitable[None], server: ServerConfig) -> None:
         # asyncio's strerror restates the address: the errno's own text says just why.
         error = ListenError if exc.errno in _BIND_RETRYABLE else ConfigError
         raise error(f"{where}: {os.strerror(exc.errno)}") from None
+
+
+def _probe_address(server: ServerConfig) -> None:
+    """Bind the daemon's address once and let it go, before the engine's minutes of loading:
+    a port in use (two instances on one port) is found at once, not after every reload of
+    the model that systemd's retries would make. The daemon binds it again for good."""
+    if server.port == 0:
+        return
+    with _binding(server):
+        flags = socket.AI_PASSIVE
+        for family, kind, proto, _, address in socket.getaddrinfo(
+            server.host, server.port, type=socket.SOCK_STREAM, flags=flags
+        ):
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio
+                probe.bind(address)
 
 
 def _hang_up(stop: asyncio.Event) -> None:
