@@ -567,6 +567,18 @@ def test_a_finalize_is_recognised_where_the_stream_stood() -> None:
     assert not forced(2990)  # later audio's
 
 
+def test_utterances_that_decoded_to_nothing_leave_nothing_behind() -> None:
+    """Noise ends utterances (speech_stopped) that get no final: their ends go with the next
+    final, not for as long as the stream lives."""
+    dialect = DeepgramDialect(Query(urlencode(LINEAR16)))
+    dialect.stream_params("en")
+    for i in range(1_000):
+        dialect.render(SpeechStopped(end_ms=10 * i))
+    (frame,) = dialect.render(Final(segment=0, start_ms=0, end_ms=9_990, text="a"))
+    assert ListenV1Results.model_validate_json(frame).speech_final
+    assert not dialect._stopped_end_ms
+
+
 def test_a_finalize_flood_holds_no_memory() -> None:
     """Finalize after Finalize with no speech (no final ever takes one back) once grew the
     dialect by 80 bytes a message for as long as the stream lived."""

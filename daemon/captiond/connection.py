@@ -124,8 +124,8 @@ class LiveStream:
         metrics: Metrics,
         journal: SessionJournal | None,
         resume_key: ResumeKey | None,
+        engine: EngineInfo,
         received_bytes: int = 0,
-        engine: EngineInfo | None = None,
     ) -> None:
         self.id = session_id
         self._engine = engine  # what a session update's language is checked against
@@ -400,10 +400,10 @@ class LiveStream:
                         await conn.send(reply)
                 control, audio = received.control, received.audio
                 if received.language is not None:
-                    if self._engine is not None:  # the dialect checked English-only models
-                        code, _ = parse_language(received.language)
-                        engine = self._engine
-                        check_model_knows(code, engine.model_name, engine.known_languages)
+                    # The dialect has checked it for English-only models, not this one's.
+                    code, _ = parse_language(received.language)
+                    engine = self._engine
+                    check_model_knows(code, engine.model_name, engine.known_languages)
                     session.set_language(received.language)
                 if received.prompt is not None:
                     session.set_prompt(received.prompt)

@@ -312,7 +312,9 @@ class DeepgramDialect:
             forced = message.end_ms in self._finalized_end_ms
             self._finalized_end_ms.discard(message.end_ms)
             paused = message.end_ms in self._stopped_end_ms  # not cut at the cap
-            self._stopped_end_ms.discard(message.end_ms)
+            # Finals come in order: the ends up to this one's are done with (an utterance
+            # that decoded to nothing has no final to take its end back).
+            self._stopped_end_ms = {e for e in self._stopped_end_ms if e > message.end_ms}
             frames = [
                 self._results(message, message.text, final=True, forced=forced, paused=paused)
             ]
