@@ -161,6 +161,7 @@ def test_back_after_the_session_expired_the_client_resends_what_the_burst_allows
     assert kinds.count("ready") == 2 and "error" not in kinds and kinds[-1] == "done"
     assert any("were not resent" in r.message for r in caplog.records)
     finals = check_exactly_once(messages)
+    # Stream audio time, not wall time: the new session's clock starts where its audio does.
     assert finals[-1]["end_ms"] >= len(PCM) * 1000 // RATE - 1_100
 
 

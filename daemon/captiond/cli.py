@@ -17,7 +17,6 @@ import os
 import shutil
 import signal
 import socket
-import ssl
 import sys
 import tempfile
 import time
@@ -38,9 +37,6 @@ from captiond.logs import LOG_LEVELS
 from captiond.loop import run as run_loop
 from captiond.protocol import (
     AUTO_LANGUAGE,
-    check_model_knows,
-    check_model_language,
-    check_model_task,
     parse_language,
 )
 
@@ -108,19 +104,10 @@ def _load_warm_engine(config: Config, task: str = "transcribe") -> Engine:
     info = EngineInfo.of(engine)
     english_only = info.english_only
     try:
-        try:
-            check_model_language(config.stream.language, english_only)
-            language, _ = parse_language(config.stream.language)
-            check_model_knows(language, info.model_name, info.known_languages)
-        except SessionError as exc:
-            raise ConfigError(f"[stream] language / --language: {exc}") from None
-        try:
-            check_model_task(task, english_only)
-        except SessionError as exc:
-            raise ConfigError(f"--task: {exc}") from None
-    except ConfigError:
+        info.check_can(parse_language(config.stream.language)[0], task)
+    except SessionError as exc:
         engine.close()
-        raise
+        raise ConfigError(f"--language / --task: {exc}") from None
     if config.stream.language == AUTO_LANGUAGE and english_only:
         log.warning("the model %s is English-only: language auto is English", english_only)
     engine.warmup()
@@ -199,9 +186,10 @@ def _serve(args: argparse.Namespace) -> int:
         # Before the engine's metrics exist: the workers' /metrics shows them too.
         metrics_dir = Path(tempfile.mkdtemp(prefix="captiond-metrics-"))
         share_across_processes(metrics_dir)
+    from captiond.server import tls_context
     from captiond.systemd import Notifier, Supervised, supervise
 
-    _check_tls(config.server)
+    tls_context(config.server)  # a wrong file is found before the engine's minutes of loading
     _probe_address(config.server)
     scheduler = InferenceScheduler(_load_warm_engine(config), config.scheduler)
     scheduler.start()
@@ -247,34 +235,6 @@ def _serve(args: argparse.Namespace) -> int:
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
-
-
-def _check_tls(server: ServerConfig) -> None:
-    """The certificate and key load as server.py will load them, before the engine's minutes
-    of loading: a wrong path is a configuration error, not a traceback once the model is warm."""
-    if server.tls_key and not server.tls_cert:
-        raise ConfigError("[server] tls_key is set without tls_cert")
-    for key in ("tls_cert", "tls_key"):
-        path = getattr(server, key)
-        if not path:
-            continue
-        try:
-            Path(path).read_bytes()
-        except OSError as exc:
-            raise ConfigError(f"[server] {key} {path!r}: cannot read it: {exc.strerror}") from None
-    if not server.tls_cert:
-        return
-    try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(
-            server.tls_cert, server.tls_key or None
-        )
-    except ssl.SSLError as exc:
-        files = f"tls_cert {server.tls_cert!r}"
-        files += f" and tls_key {server.tls_key!r}" if server.tls_key else " (no tls_key)"
-        detail = f" ({exc.reason})" if exc.reason else ""
-        raise ConfigError(
-            f"[server] {files}: not a PEM certificate and its private key{detail}"
-        ) from None
 
 
 # What binding the socket raises. The port still held (by the instance that is stopping) or an

@@ -50,7 +50,6 @@ from captiond.protocol import (
     Final,
     Partial,
     ServerMessage,
-    check_model_knows,
     parse_language,
 )
 from captiond.resume import HeldFinals, ResumeKey
@@ -400,10 +399,8 @@ class LiveStream:
                         await conn.send(reply)
                 control, audio = received.control, received.audio
                 if received.language is not None:
-                    # The dialect has checked it for English-only models, not this one's.
-                    code, _ = parse_language(received.language)
-                    engine = self._engine
-                    check_model_knows(code, engine.model_name, engine.known_languages)
+                    # The dialect knows only whether the model is English-only.
+                    self._engine.check_can(parse_language(received.language)[0])
                     session.set_language(received.language)
                 if received.prompt is not None:
                     session.set_prompt(received.prompt)

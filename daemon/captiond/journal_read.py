@@ -100,12 +100,18 @@ def _group(paths: list[Path]) -> dict[str, list[Path]]:
     return {stem: [p for _, p in sorted(parts)] for stem, parts in groups.items()}
 
 
-def list_sessions(dir: Path) -> list[JournalSession]:
-    """Every session journaled in `dir`, oldest first."""
+def list_sessions(dir: Path, id_prefix: str = "") -> list[JournalSession]:
+    """Every session journaled in `dir` (with `id_prefix`: those whose ids can start with it,
+    by their file names, the others' files unread), oldest first."""
     if not dir.is_dir():
         raise JournalError(f"journal dir {str(dir)!r} does not exist")
+    safe_prefix = file_safe_id(id_prefix) if id_prefix else ""
     groups = _group(list(dir.iterdir()))
-    return [_session_of(stem, parts) for stem, parts in sorted(groups.items())]
+    return [
+        _session_of(stem, parts)
+        for stem, parts in sorted(groups.items())
+        if stem.partition("-")[2].startswith(safe_prefix)
+    ]
 
 
 def read_session(path: Path) -> JournalSession:
@@ -120,15 +126,7 @@ def find_session(dir: Path, key: str) -> JournalSession:
     """The one session in `dir` whose id is `key` or starts with it. Only the files whose
     names can be its are read: a resume after a restart looks its session up here, and a
     journal of a month of meetings is hundreds of megabytes."""
-    if not dir.is_dir():
-        raise JournalError(f"journal dir {str(dir)!r} does not exist")
-    safe_key = file_safe_id(key)
-    groups = _group(list(dir.iterdir()))
-    sessions = [
-        _session_of(stem, parts)
-        for stem, parts in sorted(groups.items())
-        if stem.partition("-")[2].startswith(safe_key)
-    ]
+    sessions = list_sessions(dir, id_prefix=key)
     exact = [s for s in sessions if s.session == key]
     found = exact or [s for s in sessions if s.session.startswith(key)]
     if not found:

@@ -137,26 +137,6 @@ def check_model_language(language: str, english_only: str) -> None:
         )
 
 
-def check_model_knows(language: str, model: str, known: frozenset[str]) -> None:
-    """Refuse a language the model has no token for (`known`; empty: not said): a decode in
-    it would fail, or come out as nothing. Cantonese (`yue`) came with large-v3."""
-    if known and language != AUTO_LANGUAGE and language not in known:
-        raise BadMessageError(
-            f"the model {model} does not know language {language!r}"
-            + (": large-v3 and later do" if language == "yue" else "")
-        )
-
-
-def check_model_task(task: str, english_only: str) -> None:
-    """Refuse translation with an English-only model: it has no translate task, and decoding
-    other speech as English gives mostly nothing at all."""
-    if english_only and task == "translate":
-        raise BadMessageError(
-            f"the model {english_only} is English-only: task 'translate' needs a multilingual "
-            "model (captiond serve --model base)"
-        )
-
-
 def check_prompt(prompt: str, what: str = "prompt") -> str:
     """A stream's prompt, stripped; `what` names it in the error as the client's protocol does."""
     if len(prompt) > MAX_PROMPT_CHARS:

@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import websockets.http11
@@ -37,13 +38,14 @@ from captiond import SAMPLE_RATE_HZ
 from captiond.access import ConnectionsPerIp, check_origin, check_token, machine_names
 from captiond.audio import ms_to_samples
 from captiond.chinese import VARIANTS
-from captiond.config import Config
+from captiond.config import Config, ServerConfig
 from captiond.connection import CLOSE_GOING_AWAY, AnsweringConnection, LiveStream, send_error
 from captiond.dialects import Dialect
 from captiond.dialects.endpoints import ENDPOINTS, Endpoint
 from captiond.dialects.native import NativeDialect
 from captiond.engines.speech_gate import applies
 from captiond.errors import (
+    ConfigError,
     OverloadedError,
     RequestRejectedError,
     ResumeFailedError,
@@ -62,9 +64,6 @@ from captiond.protocol import (
     Resumed,
     ResumeRequest,
     StreamParams,
-    check_model_knows,
-    check_model_language,
-    check_model_task,
     parse_resume,
     parse_since,
 )
@@ -188,7 +187,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         listener: asyncio.Server
         if self._slot is None:
-            tls = self._ssl_context()
+            tls = tls_context(cfg)
             listener = await loop.create_server(
                 self._new_connection,
                 cfg.host,
@@ -232,14 +231,6 @@ class Daemon:
             sock.close()  # stopping: the client reconnects to a running worker
             return
         await asyncio.get_running_loop().connect_accepted_socket(self._new_connection, sock)
-
-    def _ssl_context(self) -> ssl.SSLContext | None:
-        cfg = self.config.server
-        if not cfg.tls_cert:
-            return None
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(cfg.tls_cert, cfg.tls_key or None)
-        return context
 
     async def shutdown(self) -> None:
         """Stop accepting, finalize every open stream (last finals sent) and close it with
@@ -399,9 +390,7 @@ class Daemon:
     def _stream_params(self, dialect: Dialect) -> StreamParams:
         engine = self.decoder.engine_info
         params = dialect.stream_params(self.config.stream.language, engine.english_only)
-        check_model_language(params.language, engine.english_only)
-        check_model_knows(params.language, engine.model_name, engine.known_languages)
-        check_model_task(params.task, engine.english_only)
+        engine.check_can(params.language, params.task)
         return params
 
     def _open_stream(
@@ -618,6 +607,34 @@ class Daemon:
                 )
             )
         return live, round(gap_s * 1000)
+
+
+def tls_context(server: ServerConfig) -> ssl.SSLContext | None:
+    """The TLS context of `[server] tls_cert`/`tls_key` (None: plain ws://). A file that cannot
+    be read, or is no PEM certificate and key, is a ConfigError, not a traceback."""
+    if server.tls_key and not server.tls_cert:
+        raise ConfigError("[server] tls_key is set without tls_cert")
+    for key in ("tls_cert", "tls_key"):
+        path = getattr(server, key)
+        if not path:
+            continue
+        try:
+            Path(path).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"[server] {key} {path!r}: cannot read it: {exc.strerror}") from None
+    if not server.tls_cert:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(server.tls_cert, server.tls_key or None)
+    except ssl.SSLError as exc:
+        files = f"tls_cert {server.tls_cert!r}"
+        files += f" and tls_key {server.tls_key!r}" if server.tls_key else " (no tls_key)"
+        detail = f" ({exc.reason})" if exc.reason else ""
+        raise ConfigError(
+            f"[server] {files}: not a PEM certificate and its private key{detail}"
+        ) from None
+    return context
 
 
 def _variant_from(value: object) -> str | None:

@@ -37,6 +37,9 @@ from http import HTTPStatus
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from websockets.datastructures import Headers
+from websockets.http11 import Response
+
 from captiond import ipc
 from captiond.config import Config, dump_toml
 from captiond.engine_core import EngineCore
@@ -388,11 +391,15 @@ async def _answer_plain(conn: socket.socket, status: HTTPStatus, body: str) -> N
             return
         head += chunk
     data = body.encode()
-    response = (
-        f"HTTP/1.1 {status.value} {status.phrase}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
-    ).encode()
-    await loop.sock_sendall(conn, response + data)
+    headers = Headers(
+        [
+            ("Content-Type", "text/plain; charset=utf-8"),
+            ("Content-Length", str(len(data))),
+            ("Connection", "close"),
+        ]
+    )
+    response = Response(status.value, status.phrase, headers, data)
+    await loop.sock_sendall(conn, response.serialize())
 
 
 async def _peek_request_target(conn: socket.socket) -> str | None:

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from captiond.errors import BadMessageError
+from captiond.protocol import AUTO_LANGUAGE, check_model_language
 from captiond.text import has_word, units
 
 if TYPE_CHECKING:
@@ -185,6 +187,23 @@ class EngineInfo:
     def english_only(self) -> str:
         """The model's name when it captions English only; "" when it knows every language."""
         return "" if self.multilingual else self.model_name
+
+    def check_can(self, language: str, task: str = "transcribe") -> None:
+        """Refuse (BadMessageError) a language code or task this model cannot do: it would
+        decode as nothing, silently, or (torch_graph, a code it has no token for) fail its
+        batch. English-only models take `en` and `auto`, and do not translate; a multilingual
+        one takes the codes it has tokens for (Cantonese, `yue`, came with large-v3)."""
+        check_model_language(language, self.english_only)
+        if self.known_languages and language not in (AUTO_LANGUAGE, *self.known_languages):
+            later = ": large-v3 and later do" if language == "yue" else ""
+            raise BadMessageError(
+                f"the model {self.model_name} does not know language {language!r}{later}"
+            )
+        if self.english_only and task == "translate":
+            raise BadMessageError(
+                f"the model {self.model_name} is English-only: task 'translate' needs a "
+                "multilingual model (captiond serve --model base)"
+            )
 
     @classmethod
     def of(cls, engine: Engine) -> EngineInfo:
