@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -39,7 +40,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from captiond import protocol
 from captiond.config import Config
 from captiond.dialects.openai_realtime import OpenAIRealtimeDialect
-from captiond.engines import Engine
+from captiond.engines import Engine, EngineRequest, EngineResult
+from captiond.engines.fake import FakeEngine
 
 RATE_HZ: Final = 24_000
 COMPLETED = "conversation.item.input_audio_transcription.completed"
@@ -324,6 +326,47 @@ def test_push_to_talk_makes_one_item_per_commit_whatever_the_pauses() -> None:
     server_vad = run(lambda port: scenario(port, SESSION, 2))
     check_items(server_vad)
     assert sum(e.type == "input_audio_buffer.committed" for e in server_vad) == 2
+
+
+class NoWordsEngine(FakeEngine):
+    """Hears no words in anything (every utterance is a cough)."""
+
+    def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
+        return [dataclasses.replace(r, text="") for r in super().transcribe_batch(requests)]
+
+
+def test_every_push_to_talk_commit_is_answered() -> None:
+    """turn_detection null, where an app waits for each commit's answer: a commit of silence
+    gets OpenAI's commit_empty error; a "yes" (150 ms) too short to have started an utterance,
+    committed half a second later, is transcribed; and so is an item with no words (the
+    engine hears none), with an empty transcript."""
+    yes = to_24k(tone_bursts([0.15], gap_s=0.5))
+
+    def scenario(port: int) -> list[Any]:
+        with transcription(port, session_with(turn_detection=None)) as conn:
+            append(conn, to_24k(np.zeros(16_000, "<i2")))
+            conn.send_raw(json.dumps({"type": "input_audio_buffer.commit", "event_id": "c1"}))
+            events = read_until(conn, lambda events: len(events) == 1)
+            append(conn, yes)
+            conn.input_audio_buffer.commit()
+            return events + read_until(conn, completions(1))
+
+    empty, *events = run(scenario)
+    assert empty.type == "error" and empty.error.code == "input_audio_buffer_commit_empty"
+    assert empty.error.event_id == "c1"
+    check_items(events, speech_events=False)
+    # One word: the fake engine's word for the one loud 250 ms of the decoded audio.
+    assert [len(e.transcript.split()) for e in events if e.type == COMPLETED] == [1]
+
+    def cough(port: int) -> list[Any]:
+        with transcription(port, session_with(turn_detection=None)) as conn:
+            append(conn, BURST)
+            conn.input_audio_buffer.commit()
+            return read_until(conn, completions(1))
+
+    events = run(cough, engine=NoWordsEngine())
+    check_items(events, speech_events=False)
+    assert [e.transcript for e in events if e.type == COMPLETED] == [""]
 
 
 def test_speech_cut_at_the_cap_has_no_speech_events_at_the_cut() -> None:

@@ -441,6 +441,47 @@ def test_finalize_forces_an_endpoint() -> None:
     assert driver.of(Final)[1].start_ms >= 2000
 
 
+def test_finalize_ends_speech_too_short_to_have_started_an_utterance() -> None:
+    """A "yes" (150 ms) never fills the 300-ms start window; a push-to-talk key let go half a
+    second later still ends it as an utterance, from its first voiced frame, pre-roll and
+    all, and its final follows."""
+    driver = Driver()
+    driver.send(np.concatenate([silence(1.0), tone(0.15), silence(0.45)]))
+    assert not driver.session.has_open_utterance
+    assert driver.session.receive_control(Control.FINALIZE)
+    driver.pump()
+    (final,) = driver.of(Final)
+    # The 30-ms frame from 990 ms holds the tone's start; 300 ms of pre-roll before it.
+    assert final.start_ms == 690 and final.end_ms == 1600 and final.text
+
+
+def test_a_finalized_utterance_gets_its_final_even_with_no_words() -> None:
+    """The client waits for an answer to its finalize (OpenAI's commit): an utterance it ends
+    gets its final even when the engine hears no words in it (a cough). One the VAD ends does
+    not (nothing to clear, nobody waiting)."""
+
+    def no_words(request: EngineRequest) -> EngineResult:
+        return EngineResult(text="", avg_logprob=-0.1, no_speech_prob=0.01, language="en")
+
+    driver = Driver(no_words)
+    driver.send(np.concatenate([silence(0.5), tone(1.0), silence(1.0)]))
+    assert driver.of(SpeechStopped) and not driver.of(Final)
+    driver.send(tone(1.0))
+    driver.control(Control.FINALIZE)
+    (final,) = driver.of(Final)
+    assert final.text == "" and final.segment == 0 and final.end_ms == 3500
+
+
+def test_finalize_with_no_speech_since_the_last_utterance_ends_nothing() -> None:
+    driver = Driver()
+    driver.send(np.concatenate([silence(0.5), tone(1.0), silence(1.0)]))
+    assert len(driver.of(Final)) == 1
+    driver.send(silence(1.0))
+    assert not driver.session.receive_control(Control.FINALIZE)
+    driver.pump()
+    assert len(driver.of(Final)) == 1
+
+
 def test_keepalive_changes_nothing() -> None:
     driver = Driver()
     driver.send(np.concatenate([silence(0.5), tone(1.0)]))

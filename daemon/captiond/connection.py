@@ -428,7 +428,10 @@ class LiveStream:
                     while self.arrivals[0][0] < horizon_ms:
                         self.arrivals.popleft()  # no final can end there: no speech for a while
                 if control is not None:
-                    session.receive_control(control)
+                    if not session.receive_control(control):
+                        for reply in received.if_nothing_ends:
+                            async with self._send_lock:
+                                await conn.send(reply)
                     self.wake.set()
                 elif session.needs_pump:
                     self.wake.set()

@@ -132,6 +132,9 @@ class _Utterance:
     end_sample: int | None = None
     decode_end_sample: int | None = None  # where its final's decode ends (vad.UtteranceEnd)
     segment: int | None = None
+    # A finalize ended it: its final is sent even if empty (the client waits for one answer
+    # to its finalize: OpenAI's commit, Deepgram's from_finalize).
+    finalized: bool = False
     rev: int = 0
     partial_end_sample: int = 0  # audio end covered by the latest partial request
     speech_confirmed: bool = False  # a decode of it produced text: the speech gate let it by
@@ -247,9 +250,11 @@ class StreamSession:
         `max_utterance_s` cap) does: push to talk, a session update of a vendor API."""
         self._segmenter.ends_at_pauses = ends_at_pauses
 
-    def receive_control(self, control: Control) -> None:
+    def receive_control(self, control: Control) -> bool:
+        """Apply `end`, `finalize` or `keepalive`; True when it ended an utterance (whose final
+        follows: always, after a finalize)."""
         if control is Control.KEEPALIVE:
-            return
+            return False
         if self.state is not SessionState.STREAMING:
             raise BadMessageError(f"{control.value!r} after 'end'")
         if self._resampler is not None and control in (Control.END, Control.FINALIZE):
@@ -259,10 +264,16 @@ class StreamSession:
             self._push_samples(self._resampler.process(np.zeros(0, np.float32), last=True))
             if control is Control.FINALIZE:
                 self._resampler = Resampler(self._params.sample_rate_hz)
-        self._handle_vad(self._segmenter.flush(self._buffer.end_sample))
+        closed = len(self._closed)
+        finalize = control is Control.FINALIZE
+        self._handle_vad(self._segmenter.flush(self._buffer.end_sample, begun=finalize))
+        ended = len(self._closed) > closed
+        if ended and finalize:
+            self._closed[-1].finalized = True
         if control is Control.END:
             self.state = SessionState.ENDING
             self._maybe_done()
+        return ended
 
     # -- decoding ----------------------------------------------------------------------------
 
@@ -671,8 +682,9 @@ class StreamSession:
         assert utt.end_sample is not None
         text = keep_stable(request.stable_words, decoded)
         # An utterance that showed nothing and decoded to nothing leaves no trace; one that
-        # showed partials always gets its one final, possibly empty, so clients clear it.
-        if text or utt.segment is not None:
+        # showed partials always gets its one final, possibly empty, so clients clear it, and
+        # so does one a finalize ended, so the client has its answer.
+        if text or utt.segment is not None or utt.finalized:
             self._outbox.append(
                 Final(
                     segment=self._segment_of(utt),

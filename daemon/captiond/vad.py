@@ -81,7 +81,9 @@ class VadSegmenter:
     is cut at the quietest frame of the last `cut_search_s`, so no word is split and every
     decode fits one 30 s Whisper window.
     Push to talk: while `ends_at_pauses` is False, no pause ends an utterance (and no early
-    final is due); the client's finalize does (`flush`), or the cap.
+    final is due); the client's finalize does (`flush`), or the cap. A finalize also ends
+    speech the start window has not confirmed: a "yes" shorter than the window, said before
+    the key is let go.
     """
 
     def __init__(
@@ -108,6 +110,8 @@ class VadSegmenter:
         self._start_sample: int | None = None
         # The first voiced frame since the start window last held none (no utterance open).
         self._onset_sample: int | None = None
+        # The first voiced frame since the last utterance ended (none open), for a finalize.
+        self._first_voiced_sample: int | None = None
         self._lookback_samples = ms_to_samples(_ONSET_LOOKBACK_MS)
         self._silent_frames = 0
         # The end of the open utterance's last voiced frame (where it opened, before any).
@@ -167,6 +171,8 @@ class VadSegmenter:
         webrtc_voiced = self._vad.is_speech(pcm, SAMPLE_RATE_HZ)
         voiced = webrtc_voiced and level_dbfs >= self._floor_dbfs
         if self._start_sample is None:
+            if voiced and self._first_voiced_sample is None:
+                self._first_voiced_sample = frame_start
             self._window.append(voiced)
             if not any(self._window):
                 self._onset_sample = None
@@ -212,13 +218,23 @@ class VadSegmenter:
                 start_sample=cut, speech_start_sample=cut, lead_sample=cut, continues=True
             )
 
-    def flush(self, end_sample: int) -> Iterator[VadEvent]:
-        """Close the open utterance at `end_sample` (finalize, or end of stream)."""
+    def flush(self, end_sample: int, *, begun: bool = False) -> Iterator[VadEvent]:
+        """Close the open utterance at `end_sample` (finalize, or end of stream). With `begun`
+        (a finalize: the client says its speech ends here), voiced audio since the last
+        utterance that never filled the start window is one too, from its first voiced frame
+        (at most `max_utterance_s` back)."""
+        if self._start_sample is None and begun and self._first_voiced_sample is not None:
+            speech = max(self._first_voiced_sample, end_sample - self._max_samples)
+            start = max(speech - self._preroll_samples, self._last_end_sample)
+            lead = self._last_end_sample
+            self._open(start)
+            yield UtteranceStart(start_sample=start, speech_start_sample=speech, lead_sample=lead)
         if self._start_sample is not None:
             yield self._close(max(end_sample, self._start_sample))
 
     def _open(self, start_sample: int) -> None:
         self._start_sample = start_sample
+        self._first_voiced_sample = None
         self._silent_frames = 0
         self._voiced_end_sample = self._next_frame_sample
         self._recent.clear()

@@ -22,7 +22,8 @@ from captiond.protocol import Ack, Control, ServerMessage, StreamParams
 class Received:
     """What one client frame means: audio to feed, a control for the session, the language
     of the audio, the stream's prompt and whether a pause ends an utterance from now on (a
-    session update; None: unchanged), replies to send at once."""
+    session update; None: unchanged), replies to send at once, and those to send when the
+    control ends no utterance (a commit with no speech to end)."""
 
     audio: bytes = b""
     control: Control | Ack | None = None
@@ -30,6 +31,7 @@ class Received:
     prompt: str | None = None
     ends_at_pauses: bool | None = None
     replies: tuple[str, ...] = ()
+    if_nothing_ends: tuple[str, ...] = ()
 
 
 class Dialect(Protocol):

@@ -14,8 +14,9 @@ and `.cleared`, `conversation.item.input_audio_transcription.delta` and `.comple
 What differs from OpenAI, and why:
 - Items: one per utterance the daemon's VAD finds, named by where its audio starts
   (`item_{session}_{start_ms}`), so that speech events, deltas and the final name the same item
-  without a lookup. An utterance in which the engine finds no words is never committed: its
-  `speech_started` names an item that does not follow (OpenAI commits an empty one). Speech
+  without a lookup. An utterance the VAD ends in which the engine finds no words is never
+  committed: its `speech_started` names an item that does not follow (OpenAI commits an empty
+  one); one that a `.commit` ends always is. Speech
   that runs past `[stream] max_utterance_s` is cut into items with no speech events at the
   cut (the speaker did not stop). No `conversation.item.added`/`.done`: a transcription
   client needs only the events above.
@@ -31,9 +32,12 @@ What differs from OpenAI, and why:
   silence before it is not decoded, and a commit of silence alone makes no item), and an item
   is cut at `[stream] max_utterance_s` (one Whisper window, 20 s by default), the rest going
   on as the next item.
-- `.commit` with no speech open does nothing (OpenAI answers `input_audio_buffer_commit_empty`;
-  the daemon has already dropped the silence, and this side cannot tell in time whether the
-  audio just appended started an utterance).
+- Every `.commit` is answered: the item it ends is committed and completed, even with no words
+  (a cough), or, when there is no speech to end (only silence since the last commit, or the
+  VAD ended the utterance already), OpenAI's `input_audio_buffer_commit_empty` error, which
+  OpenAI sends for a buffer under 100 ms: the daemon keeps no silence to make an item of.
+  Speech too short for the VAD to have started an utterance (a "yes" before the key is let
+  go) is ended as one.
 - `.clear` cannot take back audio: its words may already have gone out as deltas, which cannot
   be retracted. It is acknowledged with `cleared` and ends the open utterance, so that the
   audio before the clear never joins what comes after; its item is still completed.
@@ -137,7 +141,14 @@ class OpenAIRealtimeDialect:
             if kind == "input_audio_buffer.append":
                 return Received(audio=self._append(event.get("audio")))
             if kind == "input_audio_buffer.commit":
-                return Received(control=Control.FINALIZE)
+                empty = self._error(
+                    "input_audio_buffer_commit_empty",
+                    "Error committing input audio buffer: no speech since the last commit "
+                    "(the daemon keeps no audio its VAD found silent).",
+                    None,
+                    event_id,
+                )
+                return Received(control=Control.FINALIZE, if_nothing_ends=(empty,))
             if kind == "input_audio_buffer.clear":
                 cleared = self._event("input_audio_buffer.cleared")
                 return Received(control=Control.FINALIZE, replies=(cleared,))
