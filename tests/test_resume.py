@@ -287,6 +287,37 @@ def test_resume_across_a_daemon_restart(tmp_path: Path, journal: bool) -> None:
     run(scenario())
 
 
+def test_a_resume_after_a_restart_on_a_model_without_its_language_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A German session stopped for a restart on an English-only model: its resume is refused
+    as a German stream's connect would be, instead of decoding German as English (or, with a
+    language the model has no token for, failing the batch of every stream with it)."""
+
+    async def scenario() -> tuple[dict[str, Any], int | None]:
+        async with running_daemon(_journaled(tmp_path), engine=RecordingEngine()) as daemon:
+            port = daemon.port
+            conn = await connect(url(daemon, query="language=de"))
+            ready = json.loads(await conn.recv())
+            await conn.send(FOUR_BURSTS.tobytes())
+            await recv_until(conn, "final", 4)
+            stopping = asyncio.create_task(collect(conn))
+            await daemon.shutdown()
+            await stopping
+        english_only = RecordingEngine(multilingual=False)
+        config = _journaled(tmp_path, port=port)
+        async with running_daemon(config, engine=english_only) as daemon:
+            again = await connect(resume_url(url(daemon), ready["resume_token"]))
+            first = json.loads(await again.recv())
+            code = (await collect(again)).close_code
+        assert english_only.languages == []
+        return first, code
+
+    first, code = run(scenario())
+    assert first["type"] == "error" and first["code"] == "bad_message"
+    assert "English-only" in first["message"] and code == 1008
+
+
 def test_two_resumes_at_once_after_a_restart_take_back_one_session(tmp_path: Path) -> None:
     """Two connections resume the same journaled session at once (a client retrying while its
     first resume still reads the journal): the later takes it over from the earlier, as from

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import sys
 import threading
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from captiond import scheduler as scheduler_module
 from captiond.config import Config, SchedulerConfig, VadConfig
 from captiond.engines import DecodeKind, EngineRequest, EngineResult
 from captiond.engines.fake import FakeEngine
+from captiond.errors import EngineFailedError
 from captiond.protocol import Control, Done, Final, ServerMessage, StreamParams
 from captiond.scheduler import ENGINE_SWITCH_INTERVAL_S, InferenceScheduler, drive_session
 from captiond.session import DecodeRequest, StreamSession
@@ -92,6 +94,67 @@ def test_stop_leaves_a_wedged_engine_behind(
     engine.release.set()
     assert stopped, "stop() waited for the wedged batch"
     assert "did not finish its batch" in caplog.text
+
+
+class _PickyEngine(FakeEngine):
+    """Fails any batch holding a request in Cantonese (a model without `yue`), as torch_graph's
+    prompt builder does for the whole batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batch_sizes: list[int] = []
+
+    def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
+        self.batch_sizes.append(len(requests))
+        if any(r.language == "yue" for r in requests):
+            raise ValueError("the model knows no language 'yue'")
+        return super().transcribe_batch(requests)
+
+
+def test_a_request_the_engine_refuses_fails_only_its_own_stream() -> None:
+    engine = _PickyEngine()
+    scheduler = InferenceScheduler(engine, SchedulerConfig(max_batch=4, max_wait_ms=200))
+    scheduler.start()
+    languages = ["en", "yue", "en", "en"]
+
+    async def run() -> list[EngineResult | BaseException]:
+        decodes = [
+            scheduler.submit(dataclasses.replace(_request(DecodeKind.FINAL), language=language))
+            for language in languages
+        ]
+        return await asyncio.wait_for(asyncio.gather(*decodes, return_exceptions=True), _GUARD_S)
+
+    try:
+        results = asyncio.run(run())
+    finally:
+        scheduler.stop()
+    assert engine.batch_sizes == [4, 1, 1, 1, 1]
+    assert isinstance(results[1], EngineFailedError) and "yue" in str(results[1])
+    assert all(isinstance(results[i], EngineResult) for i in (0, 2, 3))
+
+
+def test_stop_answers_what_is_queued_without_decoding_it() -> None:
+    """After the drain, a stop finishes the batch in progress only: the requests still queued
+    are failed at once, not decoded one batch after another (up to `_STOP_WAIT_S`)."""
+    engine = _RecordingEngine()
+    scheduler = InferenceScheduler(engine, SchedulerConfig(max_batch=1, max_wait_ms=0))
+    scheduler.start()
+
+    async def run() -> list[EngineResult | BaseException]:
+        decodes = [
+            asyncio.ensure_future(scheduler.submit(_request(DecodeKind.FINAL))) for _ in range(4)
+        ]
+        assert await asyncio.to_thread(engine.busy.wait, _GUARD_S)
+        stopping = asyncio.ensure_future(asyncio.to_thread(scheduler.stop))
+        await asyncio.sleep(0.1)  # stop() has marked the scheduler stopping
+        engine.release.set()
+        await stopping
+        return await asyncio.wait_for(asyncio.gather(*decodes, return_exceptions=True), _GUARD_S)
+
+    results = asyncio.run(run())
+    assert len(engine.batches) == 1
+    assert isinstance(results[0], EngineResult)
+    assert all(isinstance(r, EngineFailedError) for r in results[1:])
 
 
 def test_a_full_batch_goes_at_once_however_long_max_wait_is() -> None:

@@ -82,6 +82,27 @@ def test_agreement_ignores_case_and_punctuation() -> None:
     assert len(split.stable) + len(split.unstable) == 5
 
 
+@pytest.mark.parametrize(
+    ("older", "newer", "stable"),
+    [
+        # Chinese and Japanese units carry full-width punctuation (text.units).
+        (
+            "我们今天\uff0c去公园玩",  # a full-width comma
+            "我们今天。去公园玩吧",
+            ("我", "们", "今", "天。", "去", "公", "园"),
+        ),
+        ("¿Qué hora es? Son", "qué hora es son las", ("qué", "hora", "es")),
+        ("il a dit «bonjour» à", "il a dit bonjour à tous", ("il", "a", "dit", "bonjour")),
+    ],
+)
+def test_agreement_ignores_the_punctuation_of_every_script(
+    older: str, newer: str, stable: tuple[str, ...]
+) -> None:
+    la = LocalAgreement()
+    la.update(older)
+    assert la.update(newer).stable == stable
+
+
 def test_committed_words_are_never_retracted() -> None:
     la = LocalAgreement()
     la.update("one two three")

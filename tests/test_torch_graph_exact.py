@@ -113,7 +113,8 @@ def singles(engine: TorchGraphEngine, clips: list[EngineRequest]) -> list[Engine
 def _reference_features(
     model: Any, audio: npt.NDArray[np.float32], frames: int = N_FRAMES
 ) -> npt.NDArray[np.float32]:
-    features = model.feature_extractor(audio)[:, :frames]
+    # As faster-whisper's `transcribe` and captiond's faster-whisper engine: one frame fewer.
+    features = model.feature_extractor(audio)[:, :-1][:, :frames]
     padded = np.zeros((features.shape[0], frames), dtype=np.float32)
     padded[:, : features.shape[1]] = features
     return padded

@@ -162,7 +162,12 @@ class InferenceScheduler:
                 # Wake up now and then so the heartbeat shows the thread is alive when idle.
                 self._cond.wait(timeout=1.0)
                 self.stats.heartbeat_monotonic = time.monotonic()
-            if self._stopping and not self._pending:
+            if self._stopping:
+                # What is still queued is answered now, not decoded: the drain is over.
+                dropped, self._pending = self._pending, []
+                error = EngineFailedError("the engine is shutting down")
+                for item in dropped:
+                    _answer(item, _set_exception, error)
                 return None
             deadline = time.monotonic() + self._max_wait_s
             while len(self._pending) < self._max_batch and not self._stopping:
@@ -186,11 +191,15 @@ class InferenceScheduler:
             self._observe(live, started)
             try:
                 results = self._engine.transcribe_batch([item.request for item in live])
-            except Exception as exc:  # the engine's failure fails this batch, not the daemon
-                log.exception("engine failed on a batch of %d", len(live))
-                error = EngineFailedError(f"the engine failed: {type(exc).__name__}: {exc}")
-                for item in live:
-                    _answer(item, _set_exception, error)
+            except Exception as exc:  # the engine's failure fails a request, not the daemon
+                if len(live) == 1:
+                    _fail(live[0], exc)
+                else:
+                    # One request the engine cannot take (a language a resumed session's
+                    # model lacks) must not fail the other streams of its batch.
+                    log.exception("engine failed on a batch of %d: each again alone", len(live))
+                    for item in live:
+                        self._run_alone(item)
             else:
                 for item, result in zip(live, results, strict=True):
                     _answer(item, _set_result, result)
@@ -199,6 +208,14 @@ class InferenceScheduler:
             self.metrics.engine_seconds.observe(self.stats.heartbeat_monotonic - started)
             for phase, seconds in self._engine.phases.drain().items():
                 self.metrics.engine_phase_seconds.labels(phase=phase).inc(seconds)
+
+    def _run_alone(self, item: _Item) -> None:
+        try:
+            (result,) = self._engine.transcribe_batch([item.request])
+        except Exception as exc:
+            _fail(item, exc)
+        else:
+            _answer(item, _set_result, result)
 
     def _observe(self, batch: list[_Item], started: float) -> None:
         self.metrics.batch_size.observe(len(batch))
@@ -271,6 +288,14 @@ def _answer(
     stop that left a wedged batch behind) waits for nothing any more."""
     with contextlib.suppress(RuntimeError):
         item.loop.call_soon_threadsafe(setter, item.future, value)
+
+
+def _fail(item: _Item, exc: Exception) -> None:
+    """Answer `item` with the engine's failure (engine thread, handling `exc`)."""
+    log.exception("engine failed on a request of stream %r", item.request.stream)
+    _answer(
+        item, _set_exception, EngineFailedError(f"the engine failed: {type(exc).__name__}: {exc}")
+    )
 
 
 def _set_result(future: asyncio.Future[EngineResult], result: EngineResult) -> None:

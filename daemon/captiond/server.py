@@ -583,6 +583,9 @@ class Daemon:
             prompt=None if header.get("prompt") is None else str(header["prompt"]),
             chinese_variant=_variant_from(header.get("chinese_variant")),
         )
+        # The daemon may have restarted on another model: refused as the stream's connect
+        # would be (one the model cannot prompt would fail the batch of every stream with it).
+        self.decoder.engine_info.check_can(params.language, params.task)
         origin = StreamOrigin(
             start_sample=ms_to_samples(int(end["audio_ms"])),
             first_segment=int(end["segments"]),

@@ -13,6 +13,7 @@ later decode of the segment, so a wrong one would stay wrong.
 from __future__ import annotations
 
 import difflib
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,8 +30,15 @@ class Split:
 
 
 def _norm(word: str) -> str:
-    """Words agree when they match up to case and surrounding punctuation."""
-    return word.strip(".,!?;:\"'()[]-").lower()
+    """Words agree when they match up to case and surrounding punctuation of any script
+    (a Chinese character with a full-width comma or stop after it, "¿Qué" and "qué", "«dit"
+    and "dit")."""
+    start, end = 0, len(word)
+    while start < end and unicodedata.category(word[start]).startswith("P"):
+        start += 1
+    while end > start and unicodedata.category(word[end - 1]).startswith("P"):
+        end -= 1
+    return word[start:end].lower()
 
 
 def _stem(word: str) -> str:

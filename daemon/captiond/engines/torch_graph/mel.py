@@ -5,8 +5,8 @@ copy of each stream (stream_audio.py). Runs on the engine thread only.
 
 Recipe (faster_whisper/feature_extractor.py): append 160 zero samples, reflect-pad 200 samples on
 each side (STFT centring), frames of 400 every 160 samples, drop the last frame, power spectrum,
-Slaney mel, log10 clamped at 1e-10, floor at max-8, (x+4)/4; then the *normalised* log-mel is
-zero-padded to 3000 frames (30 s).
+Slaney mel, log10 clamped at 1e-10, floor at max-8, (x+4)/4; then, as its `transcribe` does, the
+last frame is dropped too and the *normalised* log-mel is zero-padded to 3000 frames (30 s).
 """
 
 from __future__ import annotations
@@ -77,5 +77,8 @@ class MelFrontend:
         masked = log_spec.masked_fill(~valid[:, None, :], float("-inf"))
         peak = masked.amax(dim=(1, 2), keepdim=True)
         log_spec = (torch.maximum(log_spec, peak - 8.0) + 4.0) / 4.0
-        log_spec = log_spec.masked_fill(~valid[:, None, :], 0.0)
+        # faster-whisper's `transcribe` decodes one frame fewer than it computed (its
+        # content_frames), as captiond's faster-whisper engine does; the floor saw that frame.
+        content = self.frame_index[None, :] < (n_valid - 1)[:, None]
+        log_spec = log_spec.masked_fill(~content[:, None, :], 0.0)
         return log_spec[:, :, :N_FRAMES].contiguous()
