@@ -21,6 +21,7 @@ from captiond.bench.metrics import (
     unstable_churn,
 )
 from captiond.bench.peer_whisperlive import SegmentTranslator
+from captiond.bench.speech import SpeechRuns, speech_runs
 from captiond.bench.wer import align, word_errors
 
 
@@ -66,20 +67,42 @@ def test_partial_lag_is_audio_sent_minus_end_ms() -> None:
     assert partial_lags_ms(scripted_trace()) == [100, 100]
 
 
-def test_final_latency_is_arrival_minus_moment_its_end_was_sent() -> None:
-    # end_ms 1000 was sent at 1.0 s; the final arrived at 1.3 s.
-    assert final_latencies_ms(scripted_trace()) == [pytest.approx(300.0)]
+# Speech from 200 to 700 ms: the final (end_ms 1000) includes 300 ms of the silence after it.
+SPEECH = SpeechRuns(starts_ms=(200,), ends_ms=(700,))
 
 
-def test_first_text_counts_from_sending_its_start() -> None:
-    # The first partial starts at 0 ms, sent with the first chunk at 0.1 s.
-    assert first_text_s(scripted_trace()) == pytest.approx(0.45)
+def test_final_latency_counts_from_where_the_speaker_stopped() -> None:
+    """Not from the final's end_ms, which includes the silence the endpointing waited for:
+    speech stopped at 700 ms, sent at 0.7 s; the final arrived at 1.3 s."""
+    assert final_latencies_ms(scripted_trace(), SPEECH) == [pytest.approx(600.0)]
+    # An utterance cut while the speaker goes on (the cap) counts from the cut.
+    going_on = SpeechRuns(starts_ms=(200,), ends_ms=(5_000,))
+    assert final_latencies_ms(scripted_trace(), going_on) == [pytest.approx(300.0)]
+    assert final_latencies_ms(scripted_trace(), SpeechRuns()) == [pytest.approx(300.0)]
+
+
+def test_first_text_counts_from_where_the_speaker_began() -> None:
+    """The first partial starts at 0 ms (the pre-roll); its speech at 200 ms, sent with the
+    second chunk at 0.2 s; the partial arrived at 0.55 s."""
+    assert first_text_s(scripted_trace(), SPEECH) == pytest.approx(0.35)
+
+
+def test_speech_runs_of_a_real_clip(jfk: np.ndarray) -> None:
+    """JFK's clip, and then 2 s of silence: speech starts after the clip's quiet start and
+    stops before the silence; runs are ordered and apart."""
+    runs = speech_runs(np.concatenate([jfk, np.zeros(32_000, np.float32)]))
+    clip_ms = len(jfk) * 1000 // 16_000
+    # Whole 30-ms frames: the last one may straddle the clip's end.
+    assert runs.starts_ms[0] > 0 and runs.ends_ms[-1] <= clip_ms + 30
+    assert all(s < e for s, e in zip(runs.starts_ms, runs.ends_ms, strict=True))
+    assert all(e < s for e, s in zip(runs.ends_ms, runs.starts_ms[1:], strict=False))
+    assert runs.stopped_by(clip_ms + 1_500) == runs.ends_ms[-1]
 
 
 def test_trailing_finals_have_no_latency() -> None:
     trace = scripted_trace()
     trace.messages[2]["trailing"] = True
-    assert final_latencies_ms(trace) == []
+    assert final_latencies_ms(trace, SPEECH) == []
 
 
 def test_last_final_before_done() -> None:

@@ -30,7 +30,7 @@ import numpy.typing as npt
 from captiond.bench import common
 from captiond.bench.clients import LevelClients, plan_level, raise_fd_limit
 from captiond.bench.metrics import final_latencies_ms, partial_lags_ms, peak_live, summary
-from captiond.bench.peer_whisperlive import whisperlive_server
+from captiond.bench.peer_whisperlive import peer_language, whisperlive_server
 from captiond.bench.report import (
     GpuMonitor,
     Progress,
@@ -40,6 +40,7 @@ from captiond.bench.report import (
     print_table,
     write_json,
 )
+from captiond.bench.speech import SpeechRuns, speech_runs
 from captiond.errors import ConfigError
 from captiond.loop import run as run_loop
 from captiond.models import resolve_model
@@ -110,12 +111,22 @@ def loop_audio(samples: npt.NDArray[np.float32], duration_s: float) -> npt.NDArr
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class _Audio:
+    """What the streams play (stream i plays `samples[i % len(samples)]`: plan_level), and
+    where each has speech, which final latencies count from."""
+
+    samples: list[npt.NDArray[np.float32]]
+    speech: list[SpeechRuns]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _Target:
     name: str  # the system, as the JSON names it
     protocol: str  # clients.PROTOCOLS
     url: str
     scheduler: InferenceScheduler | None  # the engine's metrics, when the daemon is ours
     pids: list[int]  # the system's processes, for the resource monitor
+    peer_language: str | None = None  # WhisperLive's stream language (None: it detects)
 
 
 def _engine_totals(scheduler: InferenceScheduler | None) -> dict[str, float] | None:
@@ -155,15 +166,16 @@ def _engine_figures(
 
 
 async def _level(
-    n: int, target: _Target, args: argparse.Namespace, audio: list[npt.NDArray[np.float32]]
+    n: int, target: _Target, args: argparse.Namespace, audio: _Audio
 ) -> dict[str, Any]:
     plans = plan_level(
         n,
         procs=args.client_procs,
         protocol=target.protocol,
         url=target.url,
-        audio=audio,
+        audio=audio.samples,
         start_within_s=args.start_within_s,
+        peer_language=target.peer_language,
     )
     clients = LevelClients(plans, in_process=args.client_procs == 0)
     try:
@@ -175,10 +187,15 @@ async def _level(
         after = _engine_totals(target.scheduler)
     finally:
         await clients.stop()
-    traces = [o.trace for o in outcomes if o.error is None]
+    done = [o for o in outcomes if o.error is None]
     errors = [o.error for o in outcomes if o.error is not None]
-    lags = summary([x for t in traces for x in partial_lags_ms(t)])
-    finals = summary([x for t in traces for x in final_latencies_ms(t)])
+    lags = summary([x for o in done for x in partial_lags_ms(o.trace)])
+    speech = audio.speech
+    finals = summary(
+        [x for o in done for x in final_latencies_ms(o.trace, speech[o.index % len(speech)])]
+    )
+    # From the end the final names (the endpoint), as figures before bench.speech counted.
+    endpoint = summary([x for o in done for x in final_latencies_ms(o.trace, SpeechRuns())])
     live = peak_live([o.trace for o in outcomes])
     start_delays_ms = [
         1000 * (o.trace.connect_epoch_s - o.scheduled_epoch_s)
@@ -202,6 +219,7 @@ async def _level(
         "connect_delay_ms": summary(start_delays_ms),
         "partial_lag_ms": lags,
         "final_latency_ms": finals,
+        "final_after_endpoint_ms": endpoint,
         "holds": holds,
         **_engine_figures(before, after),
         "load_average_1": round(os.getloadavg()[0], 2),
@@ -210,9 +228,7 @@ async def _level(
     }
 
 
-async def _sweep(
-    args: argparse.Namespace, target: _Target, audio: list[npt.NDArray[np.float32]]
-) -> list[dict[str, Any]]:
+async def _sweep(args: argparse.Namespace, target: _Target, audio: _Audio) -> list[dict[str, Any]]:
     progress = Progress(target.name, len(args.streams))
     out: list[dict[str, Any]] = []
     failures = 0
@@ -230,7 +246,7 @@ async def _sweep(
 
 
 async def _ours(
-    args: argparse.Namespace, env: common.BenchEnv, audio: list[npt.NDArray[np.float32]]
+    args: argparse.Namespace, env: common.BenchEnv, audio: _Audio
 ) -> list[dict[str, Any]]:
     sessions = max(args.streams) + _SPARE_SESSIONS * args.workers
     async with common.bench_daemon(
@@ -247,12 +263,19 @@ async def _ours(
 
 
 async def _peer(
-    args: argparse.Namespace, audio: list[npt.NDArray[np.float32]]
+    args: argparse.Namespace, env: common.BenchEnv, audio: _Audio
 ) -> list[dict[str, Any]]:
     clients = max(args.streams) + _SPARE_SESSIONS  # WhisperLive refuses clients beyond this
-    with whisperlive_server(resolve_model(args.model), args.peer_mode, clients) as (url, pid):
+    # The model and language captiond runs, however they were chosen.
+    model = resolve_model(env.config.engine.model)
+    with whisperlive_server(model, args.peer_mode, clients) as (url, pid):
         target = _Target(
-            name="whisperlive", protocol="whisperlive", url=url, scheduler=None, pids=[pid]
+            name="whisperlive",
+            protocol="whisperlive",
+            url=url,
+            scheduler=None,
+            pids=[pid],
+            peer_language=peer_language(env.config.stream.language),
         )
         return await _sweep(args, target, audio)
 
@@ -263,6 +286,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError("bench capacity: need 0 <= --start-within-s < --duration-s")
     if args.client_procs < 0 or args.workers < 1:
         raise ConfigError("bench capacity: need --client-procs >= 0 and --workers >= 1")
+    if args.speed != 1.0:
+        raise ConfigError("bench capacity: streams play at real time; --speed is for other benches")
     if args.workers > 1 and args.url:
         raise ConfigError("bench capacity: --workers starts a daemon here; not with --url")
 
@@ -271,10 +296,11 @@ def _bench_capacity(args: argparse.Namespace) -> int:
     _check(args)
     raise_fd_limit()
     env = common.prepare(args)
-    audio = [loop_audio(c.samples, args.duration_s) for c in env.clips]
+    looped = [loop_audio(c.samples, args.duration_s) for c in env.clips]
+    audio = _Audio(samples=looped, speech=[speech_runs(a) for a in looped])
     results = {"captiond": run_loop(_ours(args, env, audio), env.config.server.event_loop)}
     if args.peer:
-        results["whisperlive"] = run_loop(_peer(args, audio), env.config.server.event_loop)
+        results["whisperlive"] = run_loop(_peer(args, env, audio), env.config.server.event_loop)
     gpu, gpu_note = gpu_facts()
     data = common.header(args, env, "capacity") | {
         "bounds_ms": {

@@ -57,6 +57,7 @@ class ClientPlan:
     url: str
     audio: list[npt.NDArray[np.float32]]  # 16 kHz mono, played at real time
     streams: list[PlannedStream]
+    peer_language: str | None = "en"  # WhisperLive's (None: it detects); captiond's is its own
 
     def stream_timeout_s(self, stream: PlannedStream) -> float:
         return len(self.audio[stream.audio]) / 16_000 + STREAM_TAIL_S
@@ -82,13 +83,17 @@ def plan_level(
     url: str,
     audio: list[npt.NDArray[np.float32]],
     start_within_s: float,
+    peer_language: str | None = "en",
 ) -> list[ClientPlan]:
     """Stream i starts at i/N of `start_within_s`, plays audio i mod len(audio), and goes to
     client i mod `procs` (procs 0: one plan, for the bench's own loop); no empty plans."""
     shares: list[list[PlannedStream]] = [[] for _ in range(max(1, min(procs, n)))]
     for i in range(n):
         shares[i % len(shares)].append(PlannedStream(i, i % len(audio), i / n * start_within_s))
-    return [ClientPlan(protocol=protocol, url=url, audio=audio, streams=s) for s in shares]
+    return [
+        ClientPlan(protocol=protocol, url=url, audio=audio, streams=s, peer_language=peer_language)
+        for s in shares
+    ]
 
 
 def raise_fd_limit() -> None:
@@ -100,15 +105,18 @@ def raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def _streamer(protocol: str) -> Streamer:
-    if protocol == "whisperlive":
-        return lambda url, samples, trace: stream_whisperlive(url, samples, trace=trace)
+def _streamer(plan: ClientPlan) -> Streamer:
+    if plan.protocol == "whisperlive":
+        language = plan.peer_language
+        return lambda url, samples, trace: stream_whisperlive(
+            url, samples, language=language, trace=trace
+        )
     return lambda url, samples, trace: stream_native(url, samples, trace=trace)
 
 
 async def run_streams(plan: ClientPlan, start_epoch_s: float) -> list[StreamOutcome]:
     """Every stream of the plan, each from its moment on, in this event loop."""
-    stream = _streamer(plan.protocol)
+    stream = _streamer(plan)
 
     async def one(planned: PlannedStream) -> StreamOutcome:
         scheduled_epoch_s = start_epoch_s + planned.offset_s

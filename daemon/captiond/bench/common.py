@@ -18,15 +18,18 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from websockets.asyncio.client import connect
 
 from captiond.bench.peer_whisperlive import MODES, peer_version
 from captiond.bench.report import config_dict, machine_facts, parse_settings
 from captiond.config import Config, load_config, override
 from captiond.engines import ENGINE_NAMES, Engine, load_engine
 from captiond.logs import LOG_LEVELS
+from captiond.loop import run as run_loop
 from captiond.scheduler import InferenceScheduler
 from captiond.server import Daemon
 from captiond_client.audiofile import read_audio_16k_mono
+from captiond_client.stream import stream_url
 
 KINDS = ("long", "utterance", "nonspeech")
 
@@ -218,16 +221,34 @@ async def _worker_pool(
         await pool.shutdown()
 
 
+async def served_engine(url: str) -> dict[str, str]:
+    """The engine and model a daemon says it serves (its `ready`): what --url measured."""
+    async with connect(stream_url(url)) as conn:
+        ready = json.loads(await conn.recv())
+        await conn.send(json.dumps({"type": "end"}))
+    return {"name": ready["engine"], "model": ready["model"]}
+
+
 def header(args: argparse.Namespace, env: BenchEnv, bench: str) -> dict[str, Any]:
-    """Machine, versions, config and the clips: the head of every bench JSON."""
+    """Machine, versions, config and the clips: the head of every bench JSON. With --url, the
+    engine is the daemon's (asked), its config unknown here, and this process's engine is the
+    offline and whole-file references' (`reference_engine`)."""
+    local = {"name": env.engine.name, "model": env.engine.model_name}
     peer = None
-    if args.peer:
-        peer = {"name": "whisperlive", "version": peer_version(), "mode": args.peer_mode}
+    if args.peer:  # on the model captiond runs here (stream, capacity)
+        version = peer_version()
+        peer = {
+            "name": "whisperlive",
+            "version": version,
+            "mode": args.peer_mode,
+            "model": env.engine.model_name,
+        }
     return {
         "bench": bench,
         "machine": machine_facts(),
-        "engine": {"name": env.engine.name, "model": env.engine.model_name},
-        "config": config_dict(env.config),
+        "engine": run_loop(served_engine(args.url)) if args.url else local,
+        "reference_engine": local if args.url else None,
+        "config": None if args.url else config_dict(env.config),
         "speed": args.speed,
         "url": args.url,
         "peer": peer,

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from captiond.bench.speech import SpeechRuns
+
 Message = dict[str, Any]
 
 
@@ -73,22 +75,24 @@ def partial_lags_ms(trace: Trace) -> list[float]:
     return [trace.audio_sent_ms(t) - m["end_ms"] for t, m in trace.of("partial")]
 
 
-def final_latencies_ms(trace: Trace) -> list[float]:
-    """At each final: its arrival minus the wall moment its `end_ms` of audio was sent (finals
+def final_latencies_ms(trace: Trace, speech: SpeechRuns) -> list[float]:
+    """At each final: its arrival minus the wall moment the audio up to where the speaker last
+    stopped by its `end_ms` was sent, so the silence the endpointing waits for counts (finals
     the peer adapter made up at the close, marked `trailing`, have no latency)."""
     return [
-        (t - trace.wall_when_sent(m["end_ms"])) * 1000
+        (t - trace.wall_when_sent(speech.stopped_by(m["end_ms"]))) * 1000
         for t, m in trace.of("final")
         if not m.get("trailing")
     ]
 
 
-def first_text_s(trace: Trace) -> float | None:
-    """From sending the start of the first text's audio to that text's arrival."""
+def first_text_s(trace: Trace, speech: SpeechRuns) -> float | None:
+    """From sending the start of the speech in the first text's audio (not the pre-roll before
+    it) to that text's arrival."""
     for t, m in zip(trace.arrived_s, trace.messages, strict=True):
         text = m.get("text") or f"{m.get('stable', '')} {m.get('unstable', '')}".strip()
         if m["type"] in ("partial", "final") and text:
-            return t - trace.wall_when_sent(m["start_ms"])
+            return t - trace.wall_when_sent(speech.started_from(m["start_ms"]))
     return None
 
 

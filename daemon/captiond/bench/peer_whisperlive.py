@@ -32,6 +32,7 @@ from websockets.exceptions import ConnectionClosed
 
 from captiond.bench.metrics import Message, Trace
 from captiond.bench.pacing import send_paced
+from captiond.protocol import AUTO_LANGUAGE, check_language
 
 VENV = Path(".venv-whisperlive")
 MODES = ("default", "single", "batch")
@@ -163,17 +164,19 @@ async def stream_whisperlive(
     samples: npt.NDArray[np.float32],
     *,
     speed: float = 1.0,
+    language: str | None = "en",
     tail_s: float = 10.0,
     settle_s: float = 2.0,
     trace: Trace | None = None,
 ) -> Trace:
-    """Stream one clip to WhisperLive as its own client does; the trace in native shape (pass
-    `trace` to keep what was recorded when the stream fails)."""
+    """Stream one clip to WhisperLive as its own client does, in `language` (None: WhisperLive
+    detects it); the trace in native shape (pass `trace` to keep what was recorded when the
+    stream fails)."""
     trace = Trace() if trace is None else trace
     translator = SegmentTranslator(trace)
     options = {
         "uid": uuid.uuid4().hex,
-        "language": "en",
+        "language": language,
         "task": "transcribe",
         "model": "tiny.en",  # replaced by the server's custom model path
         "use_vad": True,
@@ -218,3 +221,9 @@ async def stream_whisperlive(
     trace.ended_s = time.monotonic()
     translator.close(trace.ended_s)
     return trace
+
+
+def peer_language(tag: str) -> str | None:
+    """captiond's stream language (a tag, or "auto") as WhisperLive takes it (None: detect)."""
+    code = check_language(tag)
+    return None if code == AUTO_LANGUAGE else code

@@ -4,7 +4,10 @@ Main thread and its event loop. The engine is loaded once: the main thread uses 
 offline transcripts (captiond.offline), then hands it to an in-process daemon's engine thread
 (unless --url names a running daemon). The accuracy reference is faster-whisper's own `transcribe`
 of each whole clip with the same model (the `whole-file` column). With --peer whisperlive the same
-clips are streamed to WhisperLive at the same pace, one clip at a time, after ours.
+clips are streamed to WhisperLive at the same pace, one clip at a time, after ours. Each clip
+goes to both with `TAIL_SILENCE_S` of silence after it, so each system ends its last utterance
+by its own endpointing, as in a live meeting, before captiond is sent `end` and WhisperLive
+END_OF_AUDIO. Latencies count from the speech in the audio (bench.speech), the same for both.
 
     captiond bench stream --clips long,utterance:6,nonspeech:3 --max-clip-s 240 --out DIR
 """
@@ -15,6 +18,10 @@ import argparse
 import time
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
+from captiond import SAMPLE_RATE_HZ
 from captiond.bench import common
 from captiond.bench.metrics import (
     Trace,
@@ -30,13 +37,18 @@ from captiond.bench.metrics import (
     unstable_churn,
 )
 from captiond.bench.pacing import stream_native
-from captiond.bench.peer_whisperlive import stream_whisperlive, whisperlive_server
+from captiond.bench.peer_whisperlive import peer_language, stream_whisperlive, whisperlive_server
 from captiond.bench.report import Progress, plot_cdfs, print_table, write_json
+from captiond.bench.speech import SpeechRuns, speech_runs
 from captiond.bench.wer import NO_ERRORS, align, normalize, word_errors
 from captiond.engines import resolve_engine_config
 from captiond.loop import run as run_loop
 from captiond.models import resolve_model
 from captiond.offline import transcribe_samples
+
+# Silence after each clip: well past captiond's endpoint (500 ms); WhisperLive is given its
+# adapter's settle time after it too (peer_whisperlive.stream_whisperlive).
+TAIL_SILENCE_S = 2.0
 
 
 def add_stream_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,15 +63,17 @@ def add_stream_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.set_defaults(func=_bench_stream)
 
 
-def clip_figures(trace: Trace, clip: common.Clip, offline: str | None) -> dict[str, Any]:
+def clip_figures(
+    trace: Trace, clip: common.Clip, speech: SpeechRuns, offline: str | None
+) -> dict[str, Any]:
     """Every per-clip figure of one streamed clip (ours or the peer's)."""
     text = final_text(trace.messages)
     figures: dict[str, Any] = {
         "text": text,
         "words": len(normalize(text)),
         "partial_lag_ms": summary(partial_lags_ms(trace)),
-        "final_latency_ms": summary(final_latencies_ms(trace)),
-        "first_text_s": _round(first_text_s(trace)),
+        "final_latency_ms": summary(final_latencies_ms(trace, speech)),
+        "first_text_s": _round(first_text_s(trace, speech)),
         "retracted_stable_words": retracted_stable_words(trace.messages),
         "contradicted_stable_words": contradicted_stable_words(trace.messages),
         "stable_before_final_share": _share(stable_before_final(trace.messages)),
@@ -103,20 +117,26 @@ def pooled_wer(clips: list[common.Clip], texts: dict[str, str]) -> dict[str, flo
 
 
 def _overall(
-    clips: list[common.Clip], runs: dict[str, Trace], texts: dict[str, str]
+    clips: list[common.Clip],
+    runs: dict[str, Trace],
+    speech: dict[str, SpeechRuns],
+    texts: dict[str, str],
 ) -> dict[str, Any]:
     counts = NO_ERRORS
     for clip in clips:
         if clip.kind != "nonspeech" and clip.ref_quality == "exact":
             counts += word_errors(clip.text, texts[clip.id])
     lags = [x for c in clips for x in partial_lags_ms(runs[c.id])]
-    finals = [x for c in clips for x in final_latencies_ms(runs[c.id])]
+    finals = [x for c in clips for x in final_latencies_ms(runs[c.id], speech[c.id])]
+    # From the end the final names (the endpoint), as figures before bench.speech counted.
+    endpoint = [x for c in clips for x in final_latencies_ms(runs[c.id], SpeechRuns())]
     promised = [stable_before_final(runs[c.id].messages) for c in clips]
     return pooled_wer(clips, texts) | {
         "reference_words": counts.reference_words,
         "nonspeech_words": sum(len(normalize(texts[c.id])) for c in clips if c.kind == "nonspeech"),
         "partial_lag_ms": summary(lags),
         "final_latency_ms": summary(finals),
+        "final_after_endpoint_ms": summary(endpoint),
         "retracted_stable_words": sum(retracted_stable_words(runs[c.id].messages) for c in clips),
         "contradicted_stable_words": sum(
             contradicted_stable_words(runs[c.id].messages) for c in clips
@@ -129,7 +149,15 @@ def _overall(
     }
 
 
-async def _run_ours(args: argparse.Namespace, env: common.BenchEnv) -> dict[str, Any]:
+def with_tail(samples: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """A clip and then `TAIL_SILENCE_S` of silence, as streamed to either system."""
+    silence = np.zeros(int(TAIL_SILENCE_S * SAMPLE_RATE_HZ), np.float32)
+    return np.concatenate([samples, silence])
+
+
+async def _run_ours(
+    args: argparse.Namespace, env: common.BenchEnv, speech: dict[str, SpeechRuns]
+) -> dict[str, Any]:
     runs: dict[str, Trace] = {}
     requests: dict[str, float] = {}
     progress = Progress("captiond", len(env.clips))
@@ -137,27 +165,42 @@ async def _run_ours(args: argparse.Namespace, env: common.BenchEnv) -> dict[str,
         url, scheduler = daemon.url, daemon.scheduler
         for clip in env.clips:
             before = scheduler.stats.requests if scheduler else 0
-            runs[clip.id] = await stream_native(url, clip.samples, speed=args.speed)
+            runs[clip.id] = await stream_native(url, with_tail(clip.samples), speed=args.speed)
             if scheduler is not None:
                 requests[clip.id] = (scheduler.stats.requests - before) / clip.duration_s
             progress.step(clip.id)
-    out = {c.id: clip_figures(runs[c.id], c, env.offline[c.id]) for c in env.clips}
+    return _results(env, runs, speech, requests)
+
+
+async def _run_peer(
+    args: argparse.Namespace, env: common.BenchEnv, speech: dict[str, SpeechRuns]
+) -> dict[str, Any]:
+    runs: dict[str, Trace] = {}
+    progress = Progress("whisperlive", len(env.clips))
+    # The model and language captiond runs, however they were chosen.
+    model = resolve_model(env.config.engine.model)
+    language = peer_language(env.config.stream.language)
+    with whisperlive_server(model, args.peer_mode) as (url, _pid):
+        for clip in env.clips:
+            runs[clip.id] = await stream_whisperlive(
+                url, with_tail(clip.samples), speed=args.speed, language=language
+            )
+            progress.step(clip.id)
+    return _results(env, runs, speech, {})
+
+
+def _results(
+    env: common.BenchEnv,
+    runs: dict[str, Trace],
+    speech: dict[str, SpeechRuns],
+    requests: dict[str, float],
+) -> dict[str, Any]:
+    """One system's figures per clip and overall (its traces kept under "_runs")."""
+    out = {c.id: clip_figures(runs[c.id], c, speech[c.id], env.offline[c.id]) for c in env.clips}
     for clip_id, rate in requests.items():
         out[clip_id]["decode_requests_per_audio_s"] = round(rate, 2)
     texts = {c.id: final_text(runs[c.id].messages) for c in env.clips}
-    return {"clips": out, "overall": _overall(env.clips, runs, texts), "_runs": runs}
-
-
-async def _run_peer(args: argparse.Namespace, env: common.BenchEnv) -> dict[str, Any]:
-    runs: dict[str, Trace] = {}
-    progress = Progress("whisperlive", len(env.clips))
-    with whisperlive_server(resolve_model(args.model), args.peer_mode) as (url, _pid):
-        for clip in env.clips:
-            runs[clip.id] = await stream_whisperlive(url, clip.samples, speed=args.speed)
-            progress.step(clip.id)
-    out = {c.id: clip_figures(runs[c.id], c, env.offline[c.id]) for c in env.clips}
-    texts = {c.id: final_text(runs[c.id].messages) for c in env.clips}
-    return {"clips": out, "overall": _overall(env.clips, runs, texts), "_runs": runs}
+    return {"clips": out, "overall": _overall(env.clips, runs, speech, texts), "_runs": runs}
 
 
 def _bench_stream(args: argparse.Namespace) -> int:
@@ -167,16 +210,18 @@ def _bench_stream(args: argparse.Namespace) -> int:
         env.offline[clip.id] = transcribe_samples(clip.samples, env.engine, env.config).text
         env.offline_rtf[clip.id] = (time.monotonic() - started) / clip.duration_s
     whole = _whole_file(env) if args.whole_file else None
-    results: dict[str, Any] = {
-        "captiond": run_loop(_run_ours(args, env), env.config.server.event_loop)
-    }
+    speech = {c.id: speech_runs(with_tail(c.samples)) for c in env.clips}
+    loop = env.config.server.event_loop
+    results: dict[str, Any] = {"captiond": run_loop(_run_ours(args, env, speech), loop)}
     if args.peer:
-        results["whisperlive"] = run_loop(_run_peer(args, env), env.config.server.event_loop)
+        results["whisperlive"] = run_loop(_run_peer(args, env, speech), loop)
     series: dict[str, list[float]] = {}
     for name, res in results.items():
         runs = res.pop("_runs")
         series[f"partial lag: {name}"] = [x for t in runs.values() for x in partial_lags_ms(t)]
-        series[f"final latency: {name}"] = [x for t in runs.values() for x in final_latencies_ms(t)]
+        series[f"final latency: {name}"] = [
+            x for clip_id, t in runs.items() for x in final_latencies_ms(t, speech[clip_id])
+        ]
     offline = {
         c.id: {
             "text": env.offline[c.id],
