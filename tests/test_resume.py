@@ -287,6 +287,23 @@ def test_resume_across_a_daemon_restart(tmp_path: Path, journal: bool) -> None:
     run(scenario())
 
 
+async def _stopped_for_a_restart(
+    tmp_path: Path, query: str = "", engine: Engine | None = None
+) -> tuple[int, dict[str, Any]]:
+    """A journaled daemon's stream of four bursts, four finals received, then the daemon
+    stopped: its port and the stream's `ready`."""
+    async with running_daemon(_journaled(tmp_path), engine=engine) as daemon:
+        port = daemon.port
+        conn = await connect(url(daemon, query=query))
+        ready = json.loads(await conn.recv())
+        await conn.send(FOUR_BURSTS.tobytes())
+        await recv_until(conn, "final", 4)
+        stopping = asyncio.create_task(collect(conn))
+        await daemon.shutdown()
+        await stopping
+    return port, ready
+
+
 def test_a_resume_after_a_restart_on_a_model_without_its_language_is_refused(
     tmp_path: Path,
 ) -> None:
@@ -295,15 +312,7 @@ def test_a_resume_after_a_restart_on_a_model_without_its_language_is_refused(
     language the model has no token for, failing the batch of every stream with it)."""
 
     async def scenario() -> tuple[dict[str, Any], int | None]:
-        async with running_daemon(_journaled(tmp_path), engine=RecordingEngine()) as daemon:
-            port = daemon.port
-            conn = await connect(url(daemon, query="language=de"))
-            ready = json.loads(await conn.recv())
-            await conn.send(FOUR_BURSTS.tobytes())
-            await recv_until(conn, "final", 4)
-            stopping = asyncio.create_task(collect(conn))
-            await daemon.shutdown()
-            await stopping
+        port, ready = await _stopped_for_a_restart(tmp_path, "language=de", RecordingEngine())
         english_only = RecordingEngine(multilingual=False)
         config = _journaled(tmp_path, port=port)
         async with running_daemon(config, engine=english_only) as daemon:
@@ -324,15 +333,7 @@ def test_two_resumes_at_once_after_a_restart_take_back_one_session(tmp_path: Pat
     memory, and the journal gets each segment once."""
 
     async def scenario() -> None:
-        async with running_daemon(_journaled(tmp_path)) as daemon:
-            port = daemon.port
-            conn = await connect(url(daemon))
-            ready = json.loads(await conn.recv())
-            await conn.send(FOUR_BURSTS.tobytes())
-            await recv_until(conn, "final", 4)
-            stopping = asyncio.create_task(collect(conn))
-            await daemon.shutdown()
-            await stopping
+        port, ready = await _stopped_for_a_restart(tmp_path)
         async with running_daemon(_journaled(tmp_path, port=port)) as daemon:
             target = resume_url(url(daemon), ready["resume_token"], since=4)
             both = await asyncio.gather(connect(target), connect(target))
