@@ -427,6 +427,8 @@ def test_every_range_is_checked(name: str, key: str, allowed: Range) -> None:
         ("[server]\nport = -1", "[server] port must be between 0 and 65535"),
         ("[stream]\nmax_utterance_s = 2.0", "cut_search_s (3 s) must be less than max_utt"),
         ("[[sources]]\ndevice = -1", "[[sources]] mic: backlog_finals, channel and a device"),
+        ('[[sources]]\ndevice = ""', '[[sources]] mic: device is empty: write "default"'),
+        ('[[sources]]\ndevice = "  "', "[[sources]] mic: device is empty"),
     ],
 )
 def test_values_that_broke_or_silenced_streams_are_refused(

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import signal
@@ -17,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,28 +32,42 @@ from websockets.exceptions import ConnectionClosed
 from captiond.bench.wer import word_errors
 from captiond.broadcast import Broadcast
 from captiond.config import SourceConfig
+from captiond.engines.fake import FakeEngine
 from captiond.errors import OverloadedError
 from captiond.protocol import Final, SourceStatus
 
 Message = dict[str, Any]
 
 
+class PortAudioLikeError(Exception):
+    """What sounddevice raises (PortAudioError): an Exception, not an OSError."""
+
+
 class ScriptedInput:
-    """An AudioInput fed by the test: blocks from a queue; None makes the device vanish; the
-    first `fail_opens` opens fail as a missing device would."""
+    """An AudioInput fed by the test: blocks from a queue; None makes the device vanish, an
+    exception is raised as a failing device's; the first `fail_opens` opens fail as a missing
+    device would."""
 
     def __init__(self, fail_opens: int = 0) -> None:
-        self.queue: asyncio.Queue[tuple[int, np.ndarray] | None] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[int, np.ndarray] | Exception | None] = asyncio.Queue()
         self.fail_opens = fail_opens
 
-    async def __call__(self, source: SourceConfig) -> AsyncIterator[tuple[int, np.ndarray]]:
+    async def __call__(self, source: SourceConfig) -> AsyncGenerator[tuple[int, np.ndarray], None]:
         if self.fail_opens:
             self.fail_opens -= 1
             raise OSError(f"no input device matches {source.device!r}")
         while (item := await self.queue.get()) is not None:
+            if isinstance(item, Exception):
+                raise item
             yield item
             await asyncio.sleep(0.01)  # 10x real time, so that partials are due
         raise OSError("the input stream stopped")
+
+    async def drained(self) -> None:
+        """Until the source has taken every block fed (the generator waits for the next)."""
+        while not self.queue.empty():
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)
 
     def feed(self, pcm: np.ndarray, rate_hz: int = 16_000) -> None:
         samples = pcm.astype(np.float32) / 32768
@@ -198,6 +213,112 @@ def test_shutdown_sends_the_last_final_then_stopped_then_1001() -> None:
     asyncio.run(scenario())
 
 
+def test_a_device_error_that_is_no_oserror_is_a_retry_too(tmp_path: Path) -> None:
+    """PortAudio's errors are no OSErrors: one used to kill the capture silently (the state
+    stayed `capturing`, the utterance open) and made the shutdown raise, with no journal end."""
+    from captiond.config import JournalConfig
+    from captiond.journal_read import list_sessions
+
+    source = ScriptedInput()
+    config = dataclasses.replace(source_config(), journal=JournalConfig(dir=str(tmp_path)))
+
+    async def scenario() -> list[Message]:
+        async with (
+            running_daemon(config, audio_input=source) as daemon,
+            connect(url(daemon, "/v1/captions", "source=room")) as viewer,
+        ):
+            seen: list[Message] = []
+            source.feed(tone_bursts([1.5], gap_s=0.0))  # the utterance is still open
+            await read_until(viewer, lambda m: m["type"] == "speech_started", seen)
+            source.queue.put_nowait(PortAudioLikeError("Error querying device -1"))
+            waiting: list[Message] = []
+
+            def waiting_and_final(m: Message) -> bool:
+                if m.get("state") == "waiting_for_device":
+                    waiting.append(m)
+                return bool(waiting) and len(texts(seen)) == 1  # the open utterance's final
+
+            await read_until(viewer, waiting_and_final, seen)
+            assert "Error querying device -1" in waiting[0]["message"]
+            source.feed(tone_bursts([1.0]))
+            await read_until(viewer, lambda m: len(texts(seen)) == 2, seen)
+            assert daemon.sources["room"].state == "capturing"
+            return seen
+
+    seen = asyncio.run(scenario())  # the shutdown raises nothing
+    (session,) = list_sessions(tmp_path)
+    assert [f.text for f in session.finals] == texts(seen)
+    assert session.ended and session.close_code == 1001
+
+
+def test_decodes_that_fall_behind_drop_the_sources_audio(caplog: pytest.LogCaptureFixture) -> None:
+    """A wedged engine: the source's buffered audio stays at `[server] max_buffered_s` (it
+    grew by 230 MB an hour), with one warning; once decodes catch up, new audio is captioned."""
+    gate = threading.Event()
+
+    class WedgedEngine(FakeEngine):
+        def transcribe_batch(self, requests: Any) -> Any:
+            gate.wait()
+            return super().transcribe_batch(requests)
+
+    source = ScriptedInput()
+    config = dataclasses.replace(
+        make_config(server={"max_buffered_s": 3.0}), sources=(SourceConfig(name="room"),)
+    )
+
+    async def scenario() -> None:
+        async with running_daemon(config, engine=WedgedEngine(), audio_input=source) as daemon:
+            try:
+                async with connect(url(daemon, "/v1/captions", "source=room")) as viewer:
+                    session = daemon.sources["room"]._session
+                    most_samples = 0
+                    source.feed(tone_bursts([1.0] * 12, gap_s=1.5))  # 30.5 s
+                    while not source.queue.empty():
+                        most_samples = max(most_samples, session.buffered_samples)
+                        await asyncio.sleep(0.02)
+                    await source.drained()
+                    most_samples = max(most_samples, session.buffered_samples)
+                    assert most_samples <= 3.5 * 16_000, most_samples / 16_000
+                    gate.set()
+                    seen: list[Message] = []
+                    await read_until(viewer, lambda m: session.buffered_samples == 0, seen)
+                    source.feed(tone_bursts([1.0, 1.0]))
+                    await read_until(viewer, lambda m: len(texts([m])) == 1 and m["text"], seen)
+            finally:
+                gate.set()
+
+    with caplog.at_level(logging.INFO, logger="captiond.sources"):
+        asyncio.run(scenario())
+    notes = [r.getMessage() for r in caplog.records if r.name == "captiond.sources"]
+    assert len([n for n in notes if "dropping its audio" in n]) == 1, notes
+    assert any("decodes caught up" in n for n in notes), notes
+
+
+def test_the_resamplers_tail_reaches_the_utterance_a_device_loss_or_stop_ends() -> None:
+    """soxr holds back 21-66 ms of a 48 kHz device: the final of the utterance that a device
+    loss or the shutdown ends reaches to the end of the audio it gave."""
+    source = ScriptedInput()
+    clip = np.repeat(tone_bursts([1.0], gap_s=0.0), 3)  # 0.5 s of quiet, 1 s of tone
+
+    async def scenario() -> list[Message]:
+        async with running_daemon(source_config(), audio_input=source) as daemon:
+            async with connect(url(daemon, "/v1/captions", "source=room")) as viewer:
+                seen: list[Message] = []
+                source.feed(clip, rate_hz=48_000)
+                source.queue.put_nowait(None)  # the device vanishes mid-utterance
+                await read_until(viewer, lambda m: m.get("state") == "waiting_for_device", seen)
+                source.feed(clip, rate_hz=48_000)  # the device is back; the daemon then stops
+                await read_until(viewer, lambda m: m["type"] == "speech_started", seen)
+                await source.drained()
+                await daemon.shutdown()
+                with contextlib.suppress(ConnectionClosed):
+                    await read_until(viewer, lambda m: False, seen)
+            return seen
+
+    finals = [m for m in asyncio.run(scenario()) if m["type"] == "final"]
+    assert [f["end_ms"] for f in finals] == [1_500, 3_000]
+
+
 class _StalledViewer:
     """A connection whose peer never reads: sends block, nothing arrives."""
 
@@ -256,6 +377,19 @@ CLIP = "ljspeech_LJ001-0001"
 class VirtualMic:
     env: dict[str, str]
     fifo: Path
+    server_pid: int  # the PulseAudio server's
+
+
+def _pulseaudio_pid(socket_path: Path) -> int:
+    """The daemonized PulseAudio serving `socket_path` (its command line names the socket)."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            args = cmdline.read_bytes().split(b"\0")
+            if args[0].endswith(b"pulseaudio") and f"socket={socket_path}".encode() in b" ".join(
+                args
+            ):
+                return int(cmdline.parent.name)
+    raise AssertionError(f"no pulseaudio process serves {socket_path}")
 
 
 @pytest.fixture
@@ -286,7 +420,7 @@ def virtual_mic() -> Iterator[VirtualMic]:
         pactl += [f"file={fifo}", "format=s16le", "rate=16000", "channels=1"]
         subprocess.run(pactl, env=env, check=True, timeout=30, capture_output=True)
         subprocess.run(["pactl", "set-default-source", "virtual_mic"], env=env, check=True)
-        yield VirtualMic(env=env, fifo=fifo)
+        yield VirtualMic(env=env, fifo=fifo, server_pid=_pulseaudio_pid(socket_path))
     finally:
         subprocess.run(["pactl", "exit"], env=env, timeout=30, check=False)
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -420,3 +554,78 @@ def test_a_sources_finals_are_journaled_before_viewers_get_them(tmp_path: Path) 
     (session,) = list_sessions(tmp_path)
     assert [f.text for f in session.finals] == texts(seen)
     assert session.ended and session.close_code == 1001
+
+
+async def _healthz(port: int) -> str:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        return (await reader.read(100)).decode(errors="replace")
+    finally:
+        writer.close()
+
+
+def test_a_hung_audio_server_stops_its_source_not_the_daemon(
+    virtual_mic: VirtualMic, tmp_path: Path
+) -> None:
+    """PulseAudio stopped (SIGSTOP) for 20 s while the daemon captures from it: PortAudio's calls
+    block meanwhile, and they used to block the event loop (health checks, every stream, the
+    SIGTERM). Now the daemon answers throughout and reports the source as waiting; once the
+    server goes on, the source captures again, and SIGTERM stops the daemon."""
+    port = free_port()
+    daemon_log = tmp_path / "daemon.log"
+    serve = [*CAPTIOND, "serve", "--port", str(port), "--engine", "fake", "--source", "room"]
+    go, stop_playing = threading.Event(), threading.Event()
+    # A daemon thread: the pipe source stops reading once nothing records, and a write into the
+    # full pipe would then never return.
+    player = threading.Thread(
+        target=play, args=(virtual_mic.fifo, np.zeros(0, "<i2"), go, stop_playing), daemon=True
+    )
+    player.start()
+    stopped = False
+    with daemon_log.open("w") as dlog:
+        daemon = subprocess.Popen(serve, env=virtual_mic.env, stderr=dlog)
+        try:
+            wait_for_line(daemon_log, "ready: ws://", daemon, 60)
+
+            async def scenario() -> list[Message]:
+                nonlocal stopped
+                seen: list[Message] = []
+                async with connect(f"ws://127.0.0.1:{port}/v1/captions?source=room") as viewer:
+                    await read_until(viewer, lambda m: m.get("state") == "capturing", seen)
+                    os.kill(virtual_mic.server_pid, signal.SIGSTOP)
+                    stopped = True
+                    until = time.monotonic() + 20
+                    while time.monotonic() < until:
+                        async with asyncio.timeout(5):  # generous: it answers in milliseconds
+                            assert " 200 " in await _healthz(port)
+                        await asyncio.sleep(0.5)
+                    # The stalled device was reported while the server was still stopped.
+                    async with asyncio.timeout(5):
+                        await read_until(
+                            viewer, lambda m: m.get("state") == "waiting_for_device", seen
+                        )
+                    os.kill(virtual_mic.server_pid, signal.SIGCONT)
+                    stopped = False
+                    await read_until(viewer, lambda m: m.get("state") == "capturing", seen)
+                return seen
+
+            seen = asyncio.run(scenario())
+            assert [m["state"] for m in seen if m["type"] == "source"][-2:] == [
+                "waiting_for_device",
+                "capturing",
+            ]
+            stop_playing.set()
+            player.join(timeout=30)  # while the daemon still records, the pipe is read
+            daemon.send_signal(signal.SIGTERM)
+            assert daemon.wait(timeout=60) == 0, daemon_log.read_text()
+            shut_down = daemon_log.read_text()
+            assert " ERROR " not in shut_down and "Traceback" not in shut_down, shut_down
+        finally:
+            if stopped:
+                os.kill(virtual_mic.server_pid, signal.SIGCONT)
+            stop_playing.set()
+            player.join(timeout=30)
+            if daemon.poll() is None:
+                daemon.kill()
+                daemon.wait()

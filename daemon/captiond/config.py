@@ -284,6 +284,12 @@ def _build_sources(tables: Any) -> tuple[SourceConfig, ...]:
             raise ConfigError(f"[[sources]] name {source.name!r}: use letters, digits, - _ .")
         if names.count(source.name) > 1:
             raise ConfigError(f"[[sources]] name {source.name!r} is used twice")
+        if isinstance(source.device, str) and not source.device.strip():
+            # "" is part of every device's name: it would match them all, and never one.
+            raise ConfigError(
+                f'[[sources]] {source.name}: device is empty: write "default", an index, or '
+                "(part of) a device name (`captiond devices`)"
+            )
         numbers = [source.backlog_finals, source.channel, source.device]
         if any(isinstance(n, int) and n < 0 for n in numbers):
             raise ConfigError(

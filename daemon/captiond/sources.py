@@ -2,11 +2,15 @@
 whose captions go to every viewer of /v1/captions?source=NAME (broadcast.py).
 
 Event-loop thread only. The capture (captiond_client.mic) runs PortAudio's callback on its audio
-thread, and that callback only hands blocks to this loop; the session is touched here alone. The
-decodes go through the shared InferenceScheduler like any client stream's. A missing or vanished
-device is a logged state (`waiting_for_device`, visible to viewers) and a retry with backoff.
-With a journal, each source's finals are journaled before viewers get them, one journal session
-per source and daemon run.
+thread, and that callback only hands blocks to this loop; the device lookup and the stream's
+open, start and close, which block while the audio server hangs, run on threads of their own
+(mic._in_thread), so a stopped PulseAudio stops only its sources. The session is touched here
+alone. The decodes go through the shared InferenceScheduler like any client stream's. A missing,
+vanished or failing device (any error of the audio input) is a logged state
+(`waiting_for_device`, visible to viewers) and a retry with backoff. While the decodes are more
+than `[server] max_buffered_s` behind, incoming audio is dropped (a microphone cannot be made to
+wait the way a client's socket is). With a journal, each source's finals are journaled before
+viewers get them, one journal session per source and daemon run.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
+
+import numpy as np
 
 from captiond import SAMPLE_RATE_HZ
 from captiond.audio import Resampler, Samples
@@ -31,18 +37,19 @@ from captiond.vad import Vad
 
 log = logging.getLogger(__name__)
 
-# Blocks of (sample rate in Hz, mono float32 samples); OSError when the device fails.
-AudioInput = Callable[[SourceConfig], AsyncIterator[tuple[int, Samples]]]
+# Blocks of (sample rate in Hz, mono float32 samples); an exception (OSError, or whatever the
+# audio library raises) when the device fails. Closed (aclose) when the source is done with it.
+AudioInput = Callable[[SourceConfig], AsyncGenerator[tuple[int, Samples], None]]
 CAPTURING, WAITING, STOPPED = "capturing", "waiting_for_device", "stopped"
 # What a failed decode counts as: nothing was said (the session's filter drops it).
 _NOTHING = EngineResult(text="", no_speech_prob=1.0, avg_logprob=-10.0)
 
 
-async def microphone(source: SourceConfig) -> AsyncIterator[tuple[int, Samples]]:
+async def microphone(source: SourceConfig) -> AsyncGenerator[tuple[int, Samples], None]:
     """The production AudioInput: the configured device at its own rate, via sounddevice."""
-    from captiond_client.mic import capture, find_device
+    from captiond_client.mic import capture, find_device_off_loop
 
-    device = find_device(source.device)
+    device = await find_device_off_loop(source.device)
     rate_hz = device.default_rate_hz
     log.info("source %s: device %d %r at %d Hz", source.name, device.index, device.name, rate_hz)
     async for block in capture(device, channel=source.channel):
@@ -75,6 +82,12 @@ class DaemonSource:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._journal: SessionJournal | None = None
+        self._max_buffered_samples = round(config.server.max_buffered_s * SAMPLE_RATE_HZ)
+        self._dropped_samples: int | None = None  # since decodes fell behind; None: they are not
+        # The device's rate and its converter to 16 kHz (None at 16 kHz), for the open device.
+        self._rate_hz = 0
+        self._resampler: Resampler | None = None
+        self._stopping = False
 
     def start(self, journal: Journal | None = None) -> None:
         if journal is not None:
@@ -97,15 +110,19 @@ class DaemonSource:
         if not self._tasks:
             return
         capture, pump = self._tasks
+        # Stopped, it touches the session no more: cancelled at its await, or, should an audio
+        # input swallow the cancellation, at its next block. It is waited for last: its
+        # device's close may hang with the audio server, and the last final must not.
+        self._stopping = True
         capture.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await capture
         try:
             if self._session.state is SessionState.STREAMING:
-                self._session.receive_control(Control.END)
+                self._end_utterance(Control.END)
                 await self._deliver()
                 self._wake.set()
             await pump
+        except Exception:  # shutdown goes on: the journal's end, the viewers' close
+            log.exception("source %s: its decodes failed", self.name)
         finally:
             pump.cancel()
             self._tasks = []
@@ -117,6 +134,11 @@ class DaemonSource:
                     segments=self._session.segments,
                     close_code=1001,
                 )
+            # Not `await capture`: that would swallow a cancellation of stop itself (the
+            # shutdown's drain timeout) along with the capture's own.
+            await asyncio.wait({capture})
+            if not capture.cancelled() and (error := capture.exception()) is not None:
+                log.error("source %s: its capture failed: %r", self.name, error)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -135,29 +157,81 @@ class DaemonSource:
             if not isinstance(message, Done):  # viewers learn of the end from the state
                 self.broadcast.publish(message)
 
+    def _flush_resampler(self) -> None:
+        """Into the session, the samples the resampler still holds: soxr keeps its filter's
+        delay back (21-66 ms by the rate), which the utterance that ends now must get."""
+        if self._resampler is not None:
+            self._session.receive_samples(
+                self._resampler.process(np.zeros(0, np.float32), last=True)
+            )
+            self._resampler = Resampler(self._rate_hz)  # a flushed stream takes no more
+
+    def _end_utterance(self, control: Control) -> None:
+        """FINALIZE or END the session, with all the audio the device gave."""
+        self._flush_resampler()
+        self._session.receive_control(control)
+
+    def _receive(self, block_rate_hz: int, block: Samples) -> None:
+        if block_rate_hz != self._rate_hz:
+            self._flush_resampler()
+            self._rate_hz = block_rate_hz
+            self._resampler = Resampler(block_rate_hz) if block_rate_hz != SAMPLE_RATE_HZ else None
+            self._set_state(CAPTURING, f"capturing at {block_rate_hz} Hz")
+        if self._session.buffered_samples > self._max_buffered_samples:
+            # Decodes are behind (a wedged or overloaded engine). A client stream is no longer
+            # read (connection.py) and waits; a microphone cannot, so its audio is dropped:
+            # memory stays bounded, and a recovering engine captions what is said now, not
+            # what was said an hour ago.
+            if self._dropped_samples is None:
+                log.warning(
+                    "source %s: decodes are over %.0f s behind ([server] max_buffered_s): "
+                    "dropping its audio until they catch up",
+                    self.name,
+                    self._max_buffered_samples / SAMPLE_RATE_HZ,
+                )
+                self._dropped_samples = 0
+                # The utterance in progress ends where its audio stops: what comes after the
+                # gap is not the same speech.
+                self._end_utterance(Control.FINALIZE)
+            self._dropped_samples += round(len(block) * SAMPLE_RATE_HZ / block_rate_hz)
+            return
+        if self._dropped_samples is not None:
+            log.warning(
+                "source %s: decodes caught up; %.1f s of its audio was dropped",
+                self.name,
+                self._dropped_samples / SAMPLE_RATE_HZ,
+            )
+            self._dropped_samples = None
+        self._session.receive_samples(
+            self._resampler.process(block) if self._resampler is not None else block
+        )
+
     async def _capture(self) -> None:
         delay_s = self._retry_s[0]
-        while True:
-            rate_hz = 0
-            resampler: Resampler | None = None
+        while not self._stopping:
+            self._rate_hz, self._resampler = 0, None
             try:
-                async for block_rate_hz, block in self._audio_input(self._source):
-                    if block_rate_hz != rate_hz:
-                        rate_hz = block_rate_hz
-                        resampler = Resampler(rate_hz) if rate_hz != SAMPLE_RATE_HZ else None
-                        self._set_state(CAPTURING, f"capturing at {rate_hz} Hz")
+                async with contextlib.aclosing(self._audio_input(self._source)) as blocks:
+                    async for block_rate_hz, block in blocks:
+                        if self._stopping:
+                            return
+                        self._receive(block_rate_hz, block)
                         delay_s = self._retry_s[0]
-                    self._session.receive_samples(
-                        resampler.process(block) if resampler is not None else block
-                    )
-                    await self._deliver()
-                    if self._session.needs_pump:
-                        self._wake.set()
+                        await self._deliver()
+                        if self._session.needs_pump:
+                            self._wake.set()
                 raise OSError("the audio input ended")
-            except OSError as exc:
-                log.warning("source %s: %s; retrying in %.0f s", self.name, exc, delay_s)
+            except Exception as exc:  # any device error: PortAudio's, for one, is no OSError
+                if self._stopping:
+                    return
+                log.warning(
+                    "source %s: %s; retrying in %.0f s",
+                    self.name,
+                    exc if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}",
+                    delay_s,
+                )
                 # The utterance in progress ends here: decode it rather than wait for the device.
-                self._session.receive_control(Control.FINALIZE)
+                self._end_utterance(Control.FINALIZE)
                 await self._deliver()
                 self._wake.set()
                 self._set_state(WAITING, f"{exc}; retrying in {delay_s:.0f} s")
