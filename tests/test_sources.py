@@ -213,14 +213,20 @@ def test_shutdown_sends_the_last_final_then_stopped_then_1001() -> None:
     asyncio.run(scenario())
 
 
+def journaled_source_config(journal_dir: Path) -> Any:
+    """source_config() with the transcript journal in `journal_dir`."""
+    from captiond.config import JournalConfig
+
+    return dataclasses.replace(source_config(), journal=JournalConfig(dir=str(journal_dir)))
+
+
 def test_a_device_error_that_is_no_oserror_is_a_retry_too(tmp_path: Path) -> None:
     """PortAudio's errors are no OSErrors: one used to kill the capture silently (the state
     stayed `capturing`, the utterance open) and made the shutdown raise, with no journal end."""
-    from captiond.config import JournalConfig
     from captiond.journal_read import list_sessions
 
     source = ScriptedInput()
-    config = dataclasses.replace(source_config(), journal=JournalConfig(dir=str(tmp_path)))
+    config = journaled_source_config(tmp_path)
 
     async def scenario() -> list[Message]:
         async with (
@@ -532,11 +538,10 @@ def test_microphone_captions_reach_viewers_and_the_mic_client(
 
 
 def test_a_sources_finals_are_journaled_before_viewers_get_them(tmp_path: Path) -> None:
-    from captiond.config import JournalConfig
     from captiond.journal_read import list_sessions
 
     source = ScriptedInput()
-    config = dataclasses.replace(source_config(), journal=JournalConfig(dir=str(tmp_path)))
+    config = journaled_source_config(tmp_path)
 
     async def scenario() -> list[Message]:
         async with (
