@@ -5,8 +5,9 @@ per clip, before streaming.
 A 30-ms frame is speech when it is no quieter than -55 dBFS and webrtcvad (aggressiveness 3,
 fed those frames only) calls it voiced: close to the daemon's rule for a voiced frame at its
 defaults, without its hysteresis, applied to the audio alone, so one reference serves captiond
-and the peer whatever either's settings. Measured from where the daemon ended an utterance instead (a final's `end_ms`), a
-latency would leave out the silence its endpointing waits for (500 ms by default).
+and the peer whatever either's settings. Measured from where the daemon ended an utterance
+instead (a final's `end_ms`), a latency would leave out the silence its endpointing waits for
+(500 ms by default).
 """
 
 from __future__ import annotations
