@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from captiond.audio import FRAME_SAMPLES, samples_to_ms
 from captiond.bench.metrics import (
     Trace,
     contradicted_stable_words,
@@ -92,8 +93,9 @@ def test_speech_runs_of_a_real_clip(jfk: np.ndarray) -> None:
     stops before the silence; runs are ordered and apart."""
     runs = speech_runs(np.concatenate([jfk, np.zeros(32_000, np.float32)]))
     clip_ms = len(jfk) * 1000 // 16_000
-    # Whole 30-ms frames: the last one may straddle the clip's end.
-    assert runs.starts_ms[0] > 0 and runs.ends_ms[-1] <= clip_ms + 30
+    # Positions in the audio, not times: whole frames, the last of which may straddle its end.
+    frame_ms = samples_to_ms(FRAME_SAMPLES)
+    assert runs.starts_ms[0] > 0 and runs.ends_ms[-1] <= clip_ms + frame_ms
     assert all(s < e for s, e in zip(runs.starts_ms, runs.ends_ms, strict=True))
     assert all(e < s for e, s in zip(runs.ends_ms, runs.starts_ms[1:], strict=False))
     assert runs.stopped_by(clip_ms + 1_500) == runs.ends_ms[-1]

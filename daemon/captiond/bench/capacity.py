@@ -29,7 +29,13 @@ import numpy.typing as npt
 
 from captiond.bench import common
 from captiond.bench.clients import LevelClients, plan_level, raise_fd_limit
-from captiond.bench.metrics import final_latencies_ms, partial_lags_ms, peak_live, summary
+from captiond.bench.metrics import (
+    final_latencies_after_endpoint_ms,
+    final_latencies_ms,
+    partial_lags_ms,
+    peak_live,
+    summary,
+)
 from captiond.bench.peer_whisperlive import peer_language, whisperlive_server
 from captiond.bench.report import (
     GpuMonitor,
@@ -194,8 +200,7 @@ async def _level(
     finals = summary(
         [x for o in done for x in final_latencies_ms(o.trace, speech[o.index % len(speech)])]
     )
-    # From the end the final names (the endpoint), as figures before bench.speech counted.
-    endpoint = summary([x for o in done for x in final_latencies_ms(o.trace, SpeechRuns())])
+    endpoint = summary([x for o in done for x in final_latencies_after_endpoint_ms(o.trace)])
     live = peak_live([o.trace for o in outcomes])
     start_delays_ms = [
         1000 * (o.trace.connect_epoch_s - o.scheduled_epoch_s)

@@ -57,7 +57,7 @@ class ClientPlan:
     url: str
     audio: list[npt.NDArray[np.float32]]  # 16 kHz mono, played at real time
     streams: list[PlannedStream]
-    peer_language: str | None = "en"  # WhisperLive's (None: it detects); captiond's is its own
+    peer_language: str | None  # WhisperLive's (None: it detects); captiond's is its own
 
     def stream_timeout_s(self, stream: PlannedStream) -> float:
         return len(self.audio[stream.audio]) / 16_000 + STREAM_TAIL_S

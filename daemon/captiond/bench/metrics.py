@@ -86,6 +86,12 @@ def final_latencies_ms(trace: Trace, speech: SpeechRuns) -> list[float]:
     ]
 
 
+def final_latencies_after_endpoint_ms(trace: Trace) -> list[float]:
+    """At each final: its arrival minus the wall moment its `end_ms` was sent, the end of the
+    silence that ended it (the measure before `final_latencies_ms` counted from the speech)."""
+    return final_latencies_ms(trace, SpeechRuns())
+
+
 def first_text_s(trace: Trace, speech: SpeechRuns) -> float | None:
     """From sending the start of the speech in the first text's audio (not the pre-roll before
     it) to that text's arrival."""

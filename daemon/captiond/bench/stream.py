@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ from captiond.bench import common
 from captiond.bench.metrics import (
     Trace,
     contradicted_stable_words,
+    final_latencies_after_endpoint_ms,
     final_latencies_ms,
     final_text,
     first_text_s,
@@ -119,7 +121,7 @@ def pooled_wer(clips: list[common.Clip], texts: dict[str, str]) -> dict[str, flo
 def _overall(
     clips: list[common.Clip],
     runs: dict[str, Trace],
-    speech: dict[str, SpeechRuns],
+    streamed: dict[str, Streamed],
     texts: dict[str, str],
 ) -> dict[str, Any]:
     counts = NO_ERRORS
@@ -127,9 +129,8 @@ def _overall(
         if clip.kind != "nonspeech" and clip.ref_quality == "exact":
             counts += word_errors(clip.text, texts[clip.id])
     lags = [x for c in clips for x in partial_lags_ms(runs[c.id])]
-    finals = [x for c in clips for x in final_latencies_ms(runs[c.id], speech[c.id])]
-    # From the end the final names (the endpoint), as figures before bench.speech counted.
-    endpoint = [x for c in clips for x in final_latencies_ms(runs[c.id], SpeechRuns())]
+    finals = [x for c in clips for x in final_latencies_ms(runs[c.id], streamed[c.id].speech)]
+    endpoint = [x for c in clips for x in final_latencies_after_endpoint_ms(runs[c.id])]
     promised = [stable_before_final(runs[c.id].messages) for c in clips]
     return pooled_wer(clips, texts) | {
         "reference_words": counts.reference_words,
@@ -149,14 +150,23 @@ def _overall(
     }
 
 
-def with_tail(samples: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-    """A clip and then `TAIL_SILENCE_S` of silence, as streamed to either system."""
-    silence = np.zeros(int(TAIL_SILENCE_S * SAMPLE_RATE_HZ), np.float32)
-    return np.concatenate([samples, silence])
+@dataclass(frozen=True, slots=True)
+class Streamed:
+    """A clip as either system is sent it, `TAIL_SILENCE_S` of silence after it, and where it
+    has speech (bench.speech)."""
+
+    samples: npt.NDArray[np.float32]
+    speech: SpeechRuns
+
+    @classmethod
+    def of(cls, clip: common.Clip) -> Streamed:
+        silence = np.zeros(int(TAIL_SILENCE_S * SAMPLE_RATE_HZ), np.float32)
+        samples = np.concatenate([clip.samples, silence])
+        return cls(samples, speech_runs(samples))
 
 
 async def _run_ours(
-    args: argparse.Namespace, env: common.BenchEnv, speech: dict[str, SpeechRuns]
+    args: argparse.Namespace, env: common.BenchEnv, streamed: dict[str, Streamed]
 ) -> dict[str, Any]:
     runs: dict[str, Trace] = {}
     requests: dict[str, float] = {}
@@ -165,15 +175,16 @@ async def _run_ours(
         url, scheduler = daemon.url, daemon.scheduler
         for clip in env.clips:
             before = scheduler.stats.requests if scheduler else 0
-            runs[clip.id] = await stream_native(url, with_tail(clip.samples), speed=args.speed)
+            audio = streamed[clip.id].samples
+            runs[clip.id] = await stream_native(url, audio, speed=args.speed)
             if scheduler is not None:
                 requests[clip.id] = (scheduler.stats.requests - before) / clip.duration_s
             progress.step(clip.id)
-    return _results(env, runs, speech, requests)
+    return _results(env, runs, streamed, requests)
 
 
 async def _run_peer(
-    args: argparse.Namespace, env: common.BenchEnv, speech: dict[str, SpeechRuns]
+    args: argparse.Namespace, env: common.BenchEnv, streamed: dict[str, Streamed]
 ) -> dict[str, Any]:
     runs: dict[str, Trace] = {}
     progress = Progress("whisperlive", len(env.clips))
@@ -183,24 +194,27 @@ async def _run_peer(
     with whisperlive_server(model, args.peer_mode) as (url, _pid):
         for clip in env.clips:
             runs[clip.id] = await stream_whisperlive(
-                url, with_tail(clip.samples), speed=args.speed, language=language
+                url, streamed[clip.id].samples, speed=args.speed, language=language
             )
             progress.step(clip.id)
-    return _results(env, runs, speech, {})
+    return _results(env, runs, streamed, {})
 
 
 def _results(
     env: common.BenchEnv,
     runs: dict[str, Trace],
-    speech: dict[str, SpeechRuns],
+    streamed: dict[str, Streamed],
     requests: dict[str, float],
 ) -> dict[str, Any]:
     """One system's figures per clip and overall (its traces kept under "_runs")."""
-    out = {c.id: clip_figures(runs[c.id], c, speech[c.id], env.offline[c.id]) for c in env.clips}
+    out = {
+        c.id: clip_figures(runs[c.id], c, streamed[c.id].speech, env.offline[c.id])
+        for c in env.clips
+    }
     for clip_id, rate in requests.items():
         out[clip_id]["decode_requests_per_audio_s"] = round(rate, 2)
     texts = {c.id: final_text(runs[c.id].messages) for c in env.clips}
-    return {"clips": out, "overall": _overall(env.clips, runs, speech, texts), "_runs": runs}
+    return {"clips": out, "overall": _overall(env.clips, runs, streamed, texts), "_runs": runs}
 
 
 def _bench_stream(args: argparse.Namespace) -> int:
@@ -210,17 +224,17 @@ def _bench_stream(args: argparse.Namespace) -> int:
         env.offline[clip.id] = transcribe_samples(clip.samples, env.engine, env.config).text
         env.offline_rtf[clip.id] = (time.monotonic() - started) / clip.duration_s
     whole = _whole_file(env) if args.whole_file else None
-    speech = {c.id: speech_runs(with_tail(c.samples)) for c in env.clips}
+    streamed = {c.id: Streamed.of(c) for c in env.clips}
     loop = env.config.server.event_loop
-    results: dict[str, Any] = {"captiond": run_loop(_run_ours(args, env, speech), loop)}
+    results: dict[str, Any] = {"captiond": run_loop(_run_ours(args, env, streamed), loop)}
     if args.peer:
-        results["whisperlive"] = run_loop(_run_peer(args, env, speech), loop)
+        results["whisperlive"] = run_loop(_run_peer(args, env, streamed), loop)
     series: dict[str, list[float]] = {}
     for name, res in results.items():
         runs = res.pop("_runs")
         series[f"partial lag: {name}"] = [x for t in runs.values() for x in partial_lags_ms(t)]
         series[f"final latency: {name}"] = [
-            x for clip_id, t in runs.items() for x in final_latencies_ms(t, speech[clip_id])
+            x for i, t in runs.items() for x in final_latencies_ms(t, streamed[i].speech)
         ]
     offline = {
         c.id: {
