@@ -88,6 +88,19 @@ def test_same_captions_invariants_and_refusals(kind: str) -> None:
                 await conn.send(json.dumps({"type": "nonsense"}))
                 bad = await collect(conn)
             assert bad.of("error")[0]["code"] == "bad_message" and bad.close_code == 1008
+            # A request websockets cannot parse is answered too, not met with an empty reply.
+            post = await _answer(daemon.port, b"POST /v1/stream HTTP/1.1\r\nHost: h\r\n\r\n")
+            assert post.startswith(b"HTTP/1.1 405 ") and b"\r\nAllow: GET\r\n" in post
+            head = await _answer(daemon.port, b"HEAD / HTTP/1.1\r\nHost: h\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 405 ") and head.endswith(b"\r\n\r\n")  # no body
+            for request, reason in [
+                (b"GET / HTTP/1.0\r\n\r\n", b"unsupported protocol"),
+                (b"GET / HTTP/1.1\r\nno colon\r\n\r\n", b"invalid HTTP header line"),
+                (b"GET / HTTP/1.1\r\nX: " + b"x" * 20_000 + b"\r\n\r\n", b"line too long"),
+                (b"\x16\x03\x01\x02\x00\r\n\r\n", b"invalid HTTP request line"),  # TLS
+            ]:
+                answer = await _answer(daemon.port, request)
+                assert answer.startswith(b"HTTP/1.1 400 ") and reason in answer, answer
             return [[f["text"] for f in ex.of("final")] for ex in exchanges]
 
     finals = run(scenario())
@@ -461,6 +474,15 @@ def _served(pool: Any) -> int:
     served = re.search(r"(\d+) served", pool.status_line())
     assert served is not None
     return int(served[1])
+
+
+async def _answer(port: int, request: bytes) -> bytes:
+    """Everything the daemon sends back to a raw `request`, up to its close."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    answer = await reader.read()
+    writer.close()
+    return answer
 
 
 def _get(address: str) -> str:

@@ -3,12 +3,13 @@
 A thin asyncio shell on the event-loop thread around the Sans-I/O StreamSession. It runs as the
 whole daemon (listening itself, the engine in the same process), or as one worker process of
 several (`slot` set: the main process hands it accepted connections, see workers.py, and its
-decodes go to the main process's engine core). Requests are checked before the upgrade
-(access.py: Origin, token); connections per IP and the session limit right after it. A stream's
-session lives in a LiveStream (connection.py: reader, pump, journal, limits, close codes) that
-outlives its connection: this module opens it, gives it back to a client that presents its
-resume token (from memory, or after a restart from the journal), and writes its log line and
-journal end record when it is over.
+decodes go to the main process's engine core). A request head websockets cannot parse is
+answered by handshake.py; the rest are checked before the upgrade (access.py: Origin, token);
+connections per IP and the session limit right after it. A stream's session lives in a
+LiveStream (connection.py: reader, pump, journal, limits, close codes) that outlives its
+connection: this module opens it, gives it back to a client that presents its resume token
+(from memory, or after a restart from the journal), and writes its log line and journal end
+record when it is over.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from websockets.asyncio.server import Server, ServerConnection
 from websockets.datastructures import MultipleValuesError
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.http11 import Request, Response
-from websockets.server import ServerProtocol
 
 from captiond import SAMPLE_RATE_HZ
 from captiond.access import ConnectionsPerIp, check_origin, check_token, machine_names
@@ -53,6 +53,7 @@ from captiond.errors import (
     SourceNotFoundError,
 )
 from captiond.gate import GatedDecoder
+from captiond.handshake import AnsweringProtocol
 from captiond.journal import JOURNAL_FILE_NAME, Journal, JournalError, open_journal
 from captiond.journal_read import JournalSession, find_session
 from captiond.memory import trim_after_peaks
@@ -212,9 +213,10 @@ class Daemon:
         assert self._server is not None
         # No extensions: permessage-deflate would spend the event loop's time compressing
         # audio frames that barely compress.
-        protocol = ServerProtocol(
+        protocol = AnsweringProtocol(
             max_size=self.config.server.max_frame_bytes * _HARD_LIMIT_FACTOR,
             logger=self._server.logger,
+            refused=self._count_refused,
         )
         return AnsweringConnection(
             protocol,
@@ -268,6 +270,9 @@ class Daemon:
                 http.HTTPStatus.BAD_REQUEST, f"more than one {exc.args[0]} header\n"
             )
 
+    def _count_refused(self, status: int) -> None:
+        self.metrics.refused.labels(reason=http.HTTPStatus(status).phrase).inc()
+
     def _answer_request(self, connection: ServerConnection, request: Request) -> Response | None:
         url = urlsplit(request.path)
         if url.path == "/healthz":
@@ -293,7 +298,7 @@ class Daemon:
                 )
             except RequestRejectedError as exc:
                 log.info("refused %s from %s: %s", url.path, connection.remote_address, exc)
-                self.metrics.refused.labels(reason=http.HTTPStatus(exc.status).phrase).inc()
+                self._count_refused(exc.status)
                 response = _refuse(connection, endpoint, exc.status, str(exc))
                 if exc.status == http.HTTPStatus.UNAUTHORIZED:
                     response.headers["WWW-Authenticate"] = 'Bearer realm="captiond"'
