@@ -50,3 +50,15 @@ def test_bench_stream_writes_the_figures(speech_dir: Path, tmp_path: Path) -> No
     assert (
         0 <= ours["overall"]["wer_exact_refs"] <= data["offline"]["overall"]["wer_exact_refs"] + 0.1
     )
+
+
+def test_bench_stream_refuses_clips_in_another_language(
+    speech_multi_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It streams every clip in `[stream] language`: a German clip would be decoded as English
+    and scored as a German transcript. Refused before the model loads."""
+    argv = ["bench", "stream", "--clips", "de_fleurs_001", "--out", str(tmp_path)]
+    argv += ["--manifest", str(speech_multi_dir / "manifest.jsonl")]
+    assert main(argv) == 2
+    assert "clips in de: `captiond bench languages`" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

@@ -24,8 +24,10 @@ from captiond.bench.peer_whisperlive import MODES, peer_version
 from captiond.bench.report import config_dict, machine_facts, parse_settings
 from captiond.config import Config, load_config, override
 from captiond.engines import ENGINE_NAMES, Engine, load_engine
+from captiond.errors import ConfigError
 from captiond.logs import LOG_LEVELS
 from captiond.loop import run as run_loop
+from captiond.protocol import AUTO_LANGUAGE, check_language
 from captiond.scheduler import InferenceScheduler
 from captiond.server import Daemon
 from captiond_client.audiofile import read_audio_16k_mono
@@ -142,17 +144,32 @@ def load_clips(manifest: Path, spec: str, max_s: float | None) -> list[Clip]:
     return clips
 
 
-def prepare(args: argparse.Namespace) -> BenchEnv:
-    """Config (file, options, --set), clips, and the warmed-up engine."""
+def prepare(args: argparse.Namespace, *, one_language: bool = False) -> BenchEnv:
+    """Config (file, options, --set), clips, and the warmed-up engine. `one_language`: the bench
+    runs every clip in the stream's language, so a clip in another is refused before the model
+    loads (its figures would be of the wrong language's decode)."""
     config = override(
         load_config(args.config), "engine", name=args.engine, model=args.model, device=args.device
     )
     config = parse_settings(args.set, config)
     manifest = args.manifest or default_manifest()
     clips = load_clips(manifest, args.clips, args.max_clip_s)
+    if one_language:
+        _check_one_language(args.bench_command, config.stream.language, clips)
     engine = load_engine(config.engine)
     engine.warmup()
     return BenchEnv(config=config, engine=engine, clips=clips, manifest=manifest)
+
+
+def _check_one_language(bench: str, tag: str, clips: list[Clip]) -> None:
+    code = check_language(tag)
+    others = sorted({c.language for c in clips} - {code})
+    if code != AUTO_LANGUAGE and others:
+        raise ConfigError(
+            f"bench {bench} streams every clip in the stream's language ({tag}), and the"
+            f" manifest has clips in {', '.join(others)}: `captiond bench languages` streams"
+            " each clip in its own; or pick clips with --clips, or --set stream.language=auto"
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -218,7 +218,7 @@ def _results(
 
 
 def _bench_stream(args: argparse.Namespace) -> int:
-    env = common.prepare(args)
+    env = common.prepare(args, one_language=True)
     for clip in env.clips:
         started = time.monotonic()
         env.offline[clip.id] = transcribe_samples(clip.samples, env.engine, env.config).text
