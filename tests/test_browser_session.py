@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import json
 import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -35,6 +36,7 @@ from browser_harness import (
 )
 from conftest import REPO_ROOT
 from daemon_harness import make_config, running_daemon
+from websockets.asyncio.client import connect
 
 from captiond.config import Config, SourceConfig
 
@@ -400,6 +402,55 @@ def test_viewer_reconnects_after_a_restart_and_shows_a_missing_microphone(
                 after = await finals_at_least(page, len(before) + 1)
                 assert after[: len(before)] == before
                 assert await page.evaluate("notice.hidden")
+
+    asyncio.run(scenario())
+
+
+class PlayedOnce:
+    """A daemon-side microphone (AudioInput) that plays `pcm` once in real time, then only
+    silence: the captions it gives are those of `pcm`, however long the test waits."""
+
+    def __init__(self, pcm: np.ndarray) -> None:
+        self.samples = pcm.astype(np.float32)
+
+    async def __call__(self, source: SourceConfig) -> AsyncIterator[tuple[int, np.ndarray]]:
+        quiet = np.zeros(1600, np.float32)
+        for start in itertools.count(0, 1600):
+            yield 16_000, self.samples[start : start + 1600] if start < len(self.samples) else quiet
+            await asyncio.sleep(0.1)
+
+
+def test_a_viewer_back_after_a_crash_gets_the_new_runs_first_finals(burst_browser: str) -> None:
+    """A daemon that died without a close (a crash, a killed worker) comes back with its
+    source's segments counted from 0 again. The page reconnects asking for the finals after
+    the ones it holds (`since=2` or more); those are of the old run, and the daemon's new
+    finals 0 and 1 must reach the page, after the old ones, not be skipped as already held."""
+    config = dataclasses.replace(make_config(), sources=(SourceConfig(name="room"),))
+
+    async def scenario() -> None:
+        async with (
+            open_page(burst_browser) as page,
+            running_daemon(config, audio_input=LoopingInput(bursts())) as first,
+            FlakyNetwork(first.port) as network,
+        ):
+            await page.navigate(f"http://127.0.0.1:{network.port}/?watch=room")
+            await page.wait_for("state.dataset.state === 'watching'", "watching")
+            await finals_at_least(page, 2)
+            network.cut()  # the daemon is gone without a word: no close frame, no 1001
+            before = await page.evaluate(FINAL_TEXTS_JS)
+            again = PlayedOnce(np.concatenate([bursts(), bursts()]))
+            async with running_daemon(config, audio_input=again) as second:
+                watch = f"ws://127.0.0.1:{second.port}/v1/captions?source=room"
+                async with connect(watch) as viewer:  # until its two finals are made
+                    finals: list[str] = []
+                    while len(finals) < 2:
+                        message = json.loads(await asyncio.wait_for(viewer.recv(), 30))
+                        if message["type"] == "final" and message["text"].strip():
+                            finals.append(message["text"])
+                network.target_port = second.port
+                network.down = False
+                after = await finals_at_least(page, len(before) + 2)
+                assert after == [*before, *finals]
 
     asyncio.run(scenario())
 

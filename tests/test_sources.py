@@ -109,6 +109,7 @@ def test_viewers_get_live_captions_and_late_ones_the_backlog() -> None:
                 assert seen[0] == {
                     "type": "source",
                     "name": "room",
+                    "run": daemon.sources["room"].run,
                     "state": "capturing",
                     "message": "capturing at 16000 Hz",
                 }
@@ -132,7 +133,9 @@ def test_viewers_get_live_captions_and_late_ones_the_backlog() -> None:
 
 
 def test_a_viewer_that_reconnects_gets_the_finals_from_its_segment() -> None:
-    """`/v1/captions?source=NAME&since=N`: the held finals from segment N, then live ones."""
+    """`/v1/captions?source=NAME&since=N&run=RUN`: the held finals from segment N, then live
+    ones. After a restart the source's run is another and its segments count from 0 again: a
+    `since` of the old run is ignored, or the new run's first captions would be skipped."""
     source = ScriptedInput()
 
     async def scenario() -> None:
@@ -141,11 +144,27 @@ def test_a_viewer_that_reconnects_gets_the_finals_from_its_segment() -> None:
                 source.feed(tone_bursts([1.0, 1.0, 1.0]))
                 seen: list[Message] = []
                 await read_until(first, lambda m: len(texts(seen)) == 3, seen)
-            async with connect(url(daemon, "/v1/captions", "source=room&since=1")) as again:
-                joined: list[Message] = []
-                await read_until(again, lambda m: len(joined) == 3, joined)
-            assert joined[0]["type"] == "source"
-            assert joined[1:] == [m for m in seen if m["type"] == "final"][1:]
+            run = seen[0]["run"]
+            for query in ("source=room&since=1", f"source=room&since=1&run={run}"):
+                async with connect(url(daemon, "/v1/captions", query)) as again:
+                    joined: list[Message] = []
+                    await read_until(again, lambda m, got=joined: len(got) == 3, joined)
+                assert joined[0]["type"] == "source" and joined[0]["run"] == run
+                assert joined[1:] == [m for m in seen if m["type"] == "final"][1:]
+        restarted = ScriptedInput()
+        async with running_daemon(source_config(), audio_input=restarted) as daemon:
+            restarted.feed(tone_bursts([1.0, 1.0]))
+            async with connect(url(daemon, "/v1/captions", "source=room")) as first:
+                now: list[Message] = []
+                await read_until(first, lambda m: len(texts(now)) == 2, now)
+            assert now[0]["run"] != run
+            async with connect(
+                url(daemon, "/v1/captions", f"source=room&since=2&run={run}")
+            ) as old:
+                joined = []
+                await read_until(old, lambda m: len(joined) == 3, joined)
+            assert joined[1:] == [m for m in now if m["type"] == "final"]
+            assert [m["segment"] for m in joined[1:]] == [0, 1]
 
     asyncio.run(scenario())
 
@@ -205,6 +224,7 @@ def test_shutdown_sends_the_last_final_then_stopped_then_1001() -> None:
             assert seen[-1] == {
                 "type": "source",
                 "name": "room",
+                "run": daemon.sources["room"].run,
                 "state": "stopped",
                 "message": "the daemon is shutting down",
             }
@@ -350,7 +370,7 @@ def test_a_viewer_that_falls_behind_is_dropped() -> None:
         assert broadcast.viewers == 1
         for i in range(5):
             broadcast.publish(Final(segment=i, start_ms=0, end_ms=1, text=f"w{i}"))
-        broadcast.publish(SourceStatus(name="x", state="capturing", message=""))
+        broadcast.publish(SourceStatus(name="x", run="r", state="capturing", message=""))
         assert broadcast.viewers == 0
         watcher.cancel()  # its first send never returns; the queue filled up behind it
         with contextlib.suppress(asyncio.CancelledError):

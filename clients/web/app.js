@@ -355,10 +355,12 @@ function sourceView(msg) {
   }
 }
 
-// Whether the next viewer connection starts the source's stream anew (on the page's first
-// Watch, or after the daemon restarted); otherwise it asks for the finals after the ones the
-// page holds (`since`), also on a Watch after Stop, so the backlog is not shown twice.
-let watchFresh = true;
+// The run of the source whose finals the page holds (its `source` messages name it), null
+// before the first. Later viewer connections ask for the finals after those (`since`, for that
+// `run`), also on a Watch after Stop, so the backlog is not shown twice. A daemon that
+// restarted, cleanly or not, runs the source anew, numbering its segments from 0 again: it
+// ignores a `since` of another run and sends its whole backlog, a new session on the page.
+let watchRun = null;
 
 function startWatching() {
   hideNotice();
@@ -366,7 +368,10 @@ function startWatching() {
   const link = new Link(
     () => {
       const params = { source: watchName };
-      if (!watchFresh) params.since = String(view.transcript.nextSegment);
+      if (watchRun !== null) {
+        params.since = String(view.transcript.nextSegment);
+        params.run = watchRun;
+      }
       return endpoint("v1/captions", params);
     },
     { hello: watchOpen, message: watchMessage, down: watchDown },
@@ -377,8 +382,7 @@ function startWatching() {
 }
 
 function watchOpen() {
-  if (watchFresh) view.transcript.startSession();
-  watchFresh = false;
+  if (watchRun === null) view.transcript.startSession();
   hideNotice();
   // Neutral until the source says how it is: never "watching" over a missing microphone.
   setState("connected", "connected");
@@ -386,6 +390,8 @@ function watchOpen() {
 
 function watchMessage(msg) {
   if (msg.type === "source") {
+    if (watchRun !== null && msg.run !== watchRun) view.transcript.startSession();
+    watchRun = msg.run;
     const [state, label, notice] = sourceView(msg);
     setState(state, label);
     if (notice) showNotice(notice, "warn");
@@ -399,8 +405,6 @@ function watchMessage(msg) {
 function watchDown(info) {
   view.clearLive();
   if (info.action === "retry") {
-    // A daemon that stopped comes back with a new stream for the source: no `since`.
-    if (isRestart(info)) watchFresh = true;
     setState("reconnecting", "reconnecting");
     showNotice(retryMessage(info, isRestart(info)), "warn");
     return;

@@ -326,9 +326,12 @@ class Error(ServerMessage):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SourceStatus(ServerMessage):
-    """A daemon-captured source's state, sent to its viewers on join and on every change."""
+    """A daemon-captured source's state, sent to its viewers on join and on every change.
+    `run` names this run of the source (new at each start of the daemon or of its worker):
+    its segments are numbered from 0 again, so a viewer's `since` holds within one run."""
 
     TYPE: ClassVar[str] = "source"
     name: str
+    run: str
     state: str  # "capturing" | "waiting_for_device" | "stopped"
     message: str

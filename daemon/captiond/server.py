@@ -342,7 +342,8 @@ class Daemon:
             return
         try:
             if endpoint is None:
-                await self._watch(conn, query.get("source", ""), parse_since(query))
+                since = parse_since(query)
+                await self._watch(conn, query.get("source", ""), since, query.get("run"))
             else:
                 await self._stream(conn, ip, query, dialect, endpoint.resumable)
         except SessionError as exc:
@@ -350,13 +351,19 @@ class Daemon:
         finally:
             self._per_ip.close(ip)
 
-    async def _watch(self, conn: ServerConnection, name: str, since: int | None) -> None:
+    async def _watch(
+        self, conn: ServerConnection, name: str, since: int | None, run: str | None
+    ) -> None:
         """A viewer of a daemon-side source: its feed until it leaves or the daemon stops;
-        a viewer that reconnects gets the held finals from segment `since`."""
+        a viewer that reconnects gets the held finals from segment `since`. A `since` of
+        another `run` (the viewer's count from before a restart) is ignored: the new run's
+        segments start at 0 again, and skipping them would lose its first captions."""
         source = self.sources.get(name)
         if source is None:
             known = ", ".join(sorted(self.sources)) or "none configured"
             raise SourceNotFoundError(f"no daemon-side source named {name!r} (sources: {known})")
+        if run is not None and run != source.run:
+            since = None
         log.debug("open viewer source=%s peer=%s", name, conn.remote_address)
         with contextlib.suppress(ConnectionClosed):
             await source.broadcast.watch(conn, since)

@@ -10,7 +10,7 @@ vanished or failing device (any error of the audio input) is a logged state
 (`waiting_for_device`, visible to viewers) and a retry with backoff. While the decodes are more
 than `[server] max_buffered_s` behind, incoming audio is dropped (a microphone cannot be made to
 wait the way a client's socket is). With a journal, each source's finals are journaled before
-viewers get them, one journal session per source and daemon run.
+viewers get them, one journal session per source and daemon run, named by the run's id.
 """
 
 from __future__ import annotations
@@ -70,6 +70,9 @@ class DaemonSource:
         retry_s: tuple[float, float] = (1.0, 30.0),
     ) -> None:
         self.name = source.name
+        # This run of the source: its segments count from 0, and a viewer's `since` from an
+        # earlier run (before a restart) means nothing in it.
+        self.run = uuid.uuid4().hex[:12]
         self.broadcast = Broadcast(backlog_finals=source.backlog_finals)
         self.state = STOPPED
         self._source = source
@@ -93,7 +96,7 @@ class DaemonSource:
         if journal is not None:
             engine = self._decoder.engine_info
             self._journal = journal.open_session(
-                session=uuid.uuid4().hex[:12],
+                session=self.run,
                 peer="daemon",
                 source=self.name,
                 language=self._session.params.language,
@@ -144,7 +147,8 @@ class DaemonSource:
 
     def _set_state(self, state: str, message: str) -> None:
         self.state = state
-        self.broadcast.publish(SourceStatus(name=self.name, state=state, message=message))
+        status = SourceStatus(name=self.name, run=self.run, state=state, message=message)
+        self.broadcast.publish(status)
 
     async def _deliver(self) -> None:
         for message in self._session.take_messages():
