@@ -295,6 +295,11 @@ def test_viewers_reach_the_worker_that_runs_the_sources() -> None:
                 # Only worker 0 runs the source (no such device here: it waits for one); any
                 # other worker would have answered no_such_source.
                 assert first["type"] == "source" and first["name"] == "room", first
+            # systemd's STATUS= line shows the source, as with one process (worker 0 reports
+            # it each second).
+            async with asyncio.timeout(10):
+                while "sources: room waiting_for_device (0 viewers)" not in pool.status_line():
+                    await asyncio.sleep(0.1)
 
     run(scenario())
 

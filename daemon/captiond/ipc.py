@@ -110,6 +110,7 @@ class Status:
     pid: int
     sessions_open: int
     sessions_total: int
+    sources: str  # Daemon.sources_status(): "" but in the worker that runs the sources
 
 
 Message = Hello | Decode | Cancel | Forget | Result | Status

@@ -105,10 +105,11 @@ class EngineClient:
         if self._spans.pop(key, None) is not None and not self._writer.is_closing():
             ipc.write(self._writer, ipc.Forget(key))
 
-    def report(self, sessions_open: int, sessions_total: int) -> None:
-        """Tell the main process this worker is alive, and its counters."""
+    def report(self, sessions_open: int, sessions_total: int, sources: str) -> None:
+        """Tell the main process this worker is alive, its counters and its sources' states."""
         if not self._writer.is_closing():
-            ipc.write(self._writer, ipc.Status(os.getpid(), sessions_open, sessions_total))
+            status = ipc.Status(os.getpid(), sessions_open, sessions_total, sources)
+            ipc.write(self._writer, status)
 
     async def run(self) -> None:
         """Deliver results until the link closes, then fail whatever still waits."""

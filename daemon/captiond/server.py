@@ -150,11 +150,15 @@ class Daemon:
 
     def status_line(self) -> str:
         """One line for systemd's STATUS=."""
-        sources = ", ".join(
+        line = f"{self.sessions_open} streams open, {self.sessions_total} served"
+        return f"{line}; sources: {sources}" if (sources := self.sources_status()) else line
+
+    def sources_status(self) -> str:
+        """The sources' part of the STATUS= line ("" without sources); with workers, the
+        worker that runs them reports it to the main process's line."""
+        return ", ".join(
             f"{s.name} {s.state} ({s.broadcast.viewers} viewers)" for s in self.sources.values()
         )
-        line = f"{self.sessions_open} streams open, {self.sessions_total} served"
-        return f"{line}; sources: {sources}" if sources else line
 
     def healthy(self, within_s: float) -> bool:
         return time.monotonic() - self.decoder.stats.heartbeat_monotonic < within_s

@@ -190,10 +190,12 @@ class WorkerPool:
         served = sum(w.served_before for w in self._workers)
         served += sum(s.sessions_total for s in statuses)
         alive = sum(w.ready.is_set() for w in self._workers)
-        return (
+        line = (
             f"{open_now} streams open, {served} served; "
             f"{alive}/{len(self._workers)} workers, {self.restarts} restarts"
         )
+        sources = ", ".join(s.sources for s in statuses if s.sources)
+        return f"{line}; sources: {sources}" if sources else line
 
     def healthy(self, within_s: float) -> bool:
         """The engine thread's heartbeat and the check that replaces hung workers both ran
