@@ -192,6 +192,42 @@ def test_client_refuses_an_out_file_it_could_not_write_before_streaming(
         assert f"argument --out: {out}: {message}\n" in capsys.readouterr().err
 
 
+def test_client_says_in_one_line_that_a_url_is_no_daemons(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An http:// URL, or a server that answers HTTP but not as a websocket server: one line
+    and exit 1, not a traceback (websockets' InvalidURI, InvalidUpgrade)."""
+    wav = silent_wav(tmp_path)
+
+    async def scenario() -> list[int]:
+        async with running_daemon() as daemon:
+            page = f"ws://127.0.0.1:{daemon.port}/"  # the page: 200, no upgrade
+            return [
+                await asyncio.to_thread(client_main, ["stream", str(wav), "--url", address])
+                for address in (f"http://127.0.0.1:{daemon.port}/v1/stream", page)
+            ]
+
+    assert asyncio.run(scenario()) == [1, 1]
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("captiond-client: not a websocket URL (ws:// or wss://): ")
+    assert "did not answer as a captiond daemon" in lines[1], lines
+
+
+def test_client_prints_the_daemons_error_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wav = silent_wav(tmp_path)
+
+    async def scenario() -> int:
+        # The client's frames are over this limit: `too_large` after `ready`.
+        async with running_daemon(make_config(server={"max_frame_bytes": 1_000})) as daemon:
+            return await asyncio.to_thread(client_main, ["stream", str(wav), "--url", url(daemon)])
+
+    assert asyncio.run(scenario()) == 1
+    err = capsys.readouterr().err
+    assert err.count("too_large") == 1 and err.startswith("captiond-client: "), err
+
+
 @pytest.mark.parametrize(
     ("ending", "exit_code"), [(KeyboardInterrupt(), 130), (StreamError("the daemon left"), 1)]
 )
@@ -363,6 +399,58 @@ def test_client_explains_a_refused_token(tmp_path: Path) -> None:
     run = asyncio.run(scenario())
     assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
     assert "refused the connection (HTTP 401)" in run.stderr and "token" in run.stderr
+
+
+# `captiond-client mic` with a stand-in microphone (silence, in real time): find_device and
+# capture replaced, everything else the real command.
+STAND_IN_MIC = """
+import asyncio, sys
+import numpy as np
+import captiond_client.mic as mic
+from captiond_client.cli import main
+
+async def capture(device, *, channel=None, stop=None):
+    while not stop.is_set():
+        await asyncio.sleep(0.1)
+        yield np.zeros(1600, np.float32)
+
+device = mic.InputDevice(index=0, name="stand-in", channels=1, default_rate_hz=16000)
+mic.find_device = lambda _: device
+mic.capture = capture
+sys.exit(main(["mic", "--json", "--url", sys.argv[1]]))
+"""
+
+
+def test_mic_quits_at_a_second_ctrl_c_while_the_daemon_is_away() -> None:
+    """The first Ctrl-C stops the microphone and waits for the last finals: with the daemon
+    gone, through the reconnects of `--retry-for` (300 s). A second quits at once, with 130."""
+
+    async def scenario() -> int:
+        async with running_daemon() as daemon:
+            client = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                STAND_IN_MIC,
+                url(daemon),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            assert client.stdout is not None and client.stderr is not None
+            ready = json.loads(await asyncio.wait_for(client.stdout.readline(), 30))
+            assert ready["type"] == "ready"
+        # The daemon is gone: the client keeps reconnecting.
+        client.send_signal(signal.SIGINT)
+        async with asyncio.timeout(30):  # its "stopping" line, among "connection lost" ones
+            while (line := await client.stderr.readline()) and b"stopping" not in line:
+                pass
+        client.send_signal(signal.SIGINT)
+        try:
+            return await asyncio.wait_for(client.wait(), 30)
+        finally:
+            if client.returncode is None:
+                client.kill()
+
+    assert asyncio.run(scenario()) == 130
 
 
 def test_devices_says_when_there_are_none(

@@ -18,7 +18,7 @@ import pytest
 from daemon_harness import RATE, make_config, running_daemon, tone_bursts
 
 from captiond.journal_read import find_session
-from captiond_client.stream import StreamError, stream_samples
+from captiond_client.stream import Stream, StreamError, stream_samples
 
 Message = dict[str, Any]
 # Ten 0.6-s "words" a second apart, streamed at 4x real time: ~4 s of streaming.
@@ -29,13 +29,15 @@ SPEED = 4.0
 class Proxy:
     """A TCP forwarder on a free port; `cut` aborts every connection through it. While
     `unavailable` is above 0, each new connection is answered HTTP 503 instead (a reverse
-    proxy whose daemon is restarting), and counts it down."""
+    proxy whose daemon is restarting), and counts it down; while `unanswered` is, it is
+    closed without a word (an ssh tunnel or a TCP balancer whose daemon is away)."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.pairs: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
         self.server: asyncio.Server | None = None
         self.unavailable = 0
+        self.unanswered = 0
 
     async def start(self) -> int:
         self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -43,6 +45,10 @@ class Proxy:
         return port
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.unanswered > 0:
+            self.unanswered -= 1
+            writer.close()
+            return
         if self.unavailable > 0:
             self.unavailable -= 1
             await reader.readuntil(b"\r\n\r\n")
@@ -92,6 +98,13 @@ def start_client(port: int, messages: list[Message], **options: Any) -> asyncio.
     )
 
 
+def uncaptioned_words_ms(finals: list[Message]) -> list[int]:
+    """The middles of PCM's words (after 0.5 s of silence, 0.6 s each, a second apart) that no
+    final's span holds."""
+    middles = [500 + i * 1_600 + 300 for i in range(10)]
+    return [m for m in middles if not any(f["start_ms"] <= m <= f["end_ms"] for f in finals)]
+
+
 def check_exactly_once(messages: list[Message]) -> list[Message]:
     finals = [m for m in messages if m["type"] == "final"]
     assert [f["segment"] for f in finals] == list(range(len(finals))), "each final once, in order"
@@ -101,10 +114,13 @@ def check_exactly_once(messages: list[Message]) -> list[Message]:
 
 
 @pytest.mark.parametrize(("pulls", "answered_503"), [(2, 0), (1, 2)])
-def test_a_pulled_cable_loses_no_final(tmp_path: Path, pulls: int, answered_503: int) -> None:
+def test_a_pulled_cable_loses_no_final(
+    tmp_path: Path, pulls: int, answered_503: int, caplog: pytest.LogCaptureFixture
+) -> None:
     """Pulls while words are streaming; with `answered_503`, the first reconnects after the
     pull meet a reverse proxy whose daemon is away (HTTP 503): tried again, not given up (the
-    client's backoff then takes most of the stream's 4 s, hence one pull)."""
+    client's backoff then takes most of the stream's 4 s, hence one pull). The backoff starts
+    over after each resume: a later drop waits 0.5 s again, not the doubled delay."""
 
     async def scenario() -> tuple[list[Message], Any]:
         config = make_config(journal={"dir": str(tmp_path)})
@@ -132,6 +148,8 @@ def test_a_pulled_cable_loses_no_final(tmp_path: Path, pulls: int, answered_503:
     # All ten words arrived (a word cut by a pull goes on in the resumed utterance).
     assert sum(len(f["text"].split()) for f in finals) >= 10
     assert finals[-1]["end_ms"] >= len(PCM) * 1000 // RATE - 1_100
+    delays = [r.message.rsplit(" in ", 1)[1] for r in caplog.records if "reconnecting" in r.message]
+    assert delays == ["0.5 s", "1.0 s", "2.0 s"][: answered_503 + 1] * pulls
 
 
 def test_back_after_the_session_expired_the_client_resends_what_the_burst_allows(
@@ -188,8 +206,12 @@ def test_a_daemon_restart_loses_no_final(tmp_path: Path, journal: bool) -> None:
     kinds = [m["type"] for m in messages]
     assert kinds.count("ready") == (1 if journal else 2)
     assert kinds.count("resumed") == (1 if journal else 0)
-    assert sum(len(f["text"].split()) for f in finals) >= 10
-    assert kinds[-1] == "done"
+    assert uncaptioned_words_ms(finals) == []
+    # `done` counts the whole stream, as one session would (the new session's own count and
+    # audio start over).
+    done = messages[-1]
+    assert done["type"] == "done" and done["segments"] >= len(finals)
+    assert done["audio_ms"] == len(PCM) * 1000 // RATE
 
 
 def test_an_unreachable_daemon_is_an_error_at_once() -> None:
@@ -197,3 +219,103 @@ def test_an_unreachable_daemon_is_an_error_at_once() -> None:
         asyncio.run(
             stream_samples("ws://127.0.0.1:9/v1/stream", samples(), on_message=lambda m: None)
         )
+
+
+def test_a_relay_that_closes_unanswered_while_the_daemon_is_away_is_retried() -> None:
+    """A tunnel that accepts the connection and closes it without an HTTP answer (websockets'
+    InvalidMessage) is a daemon away, like a refused connection: reconnect and resume."""
+
+    async def scenario() -> list[Message]:
+        async with running_daemon() as daemon:
+            proxy = Proxy(daemon.port)
+            port = await proxy.start()
+            messages: list[Message] = []
+            client = start_client(port, messages)
+            await asyncio.sleep(1.2)
+            proxy.unanswered = 2
+            proxy.cut()
+            await asyncio.wait_for(client, 30)
+            proxy.close()
+            assert proxy.unanswered == 0
+            return messages
+
+    messages = asyncio.run(scenario())
+    assert [m["type"] for m in messages].count("resumed") == 1
+    assert uncaptioned_words_ms(check_exactly_once(messages)) == []
+
+
+def test_a_daemon_that_does_not_resume_loses_no_final_after_a_drop() -> None:
+    """`resume_s = 0`: every reconnect is a new session, whose segments count from 0 again;
+    the client numbers them on after the earlier sessions' and reports each."""
+
+    async def scenario() -> list[Message]:
+        async with running_daemon(make_config(server={"resume_s": 0.0})) as daemon:
+            proxy = Proxy(daemon.port)
+            port = await proxy.start()
+            messages: list[Message] = []
+            client = start_client(port, messages)
+            await asyncio.sleep(1.2)
+            proxy.cut()
+            await asyncio.wait_for(client, 30)
+            proxy.close()
+            return messages
+
+    messages = asyncio.run(scenario())
+    readies = [m for m in messages if m["type"] == "ready"]
+    assert len(readies) == 2 and all(r["resume_token"] is None for r in readies)
+    assert uncaptioned_words_ms(check_exactly_once(messages)) == []
+
+
+def test_at_full_speed_the_whole_file_is_sent_at_the_pace_the_daemon_allows() -> None:
+    """`--speed 0`: the first session gets the file from its start, not only its newest
+    `fresh_resend_s`; past that burst it goes at `max_send_speed`, under the daemon's
+    `max_audio_speed` (here scaled down: a 3-s burst, 4x), so it is not refused."""
+
+    async def scenario() -> list[Message]:
+        config = make_config(server={"audio_burst_s": 3.0, "max_audio_speed": 4.0})
+        async with running_daemon(config) as daemon:
+            messages: list[Message] = []
+            target = f"ws://127.0.0.1:{daemon.port}/v1/stream"
+            await stream_samples(
+                target,
+                samples(),
+                speed=0,
+                on_message=messages.append,
+                fresh_resend_s=2.0,
+                max_send_speed=3.0,
+            )
+            return messages
+
+    messages = asyncio.run(scenario())
+    assert uncaptioned_words_ms(check_exactly_once(messages)) == []
+    assert messages[-1]["type"] == "done" and messages[-1]["audio_ms"] == len(PCM) * 1000 // RATE
+
+
+def test_an_overloaded_daemon_is_waited_for_even_before_a_first_session() -> None:
+    """`overloaded` (1013, try later) answers: the URL is right, so the client retries within
+    `retry_for_s` instead of giving up as for a daemon that never answered."""
+
+    async def scenario() -> list[Message]:
+        async with running_daemon(make_config(server={"max_sessions": 1})) as daemon:
+            target = f"ws://127.0.0.1:{daemon.port}/v1/stream"
+            blocker: list[Message] = []
+            first = asyncio.create_task(
+                stream_samples(target, samples(), speed=SPEED, on_message=blocker.append)
+            )
+            while not blocker:  # its session holds the only slot
+                await asyncio.sleep(0.02)
+            messages: list[Message] = []
+            second = start_client(daemon.port, messages)
+            await asyncio.wait_for(asyncio.gather(first, second), 30)
+            return messages
+
+    messages = asyncio.run(scenario())
+    assert [m["type"] for m in messages][-1] == "done"
+    assert uncaptioned_words_ms(check_exactly_once(messages)) == []
+
+
+def test_a_resend_after_a_restart_starts_on_a_whole_sample() -> None:
+    """At 22,050 Hz a millisecond is 44.1 bytes: the offset a final's `end_ms` gives must land
+    on a sample, or the new session's first frame is refused as `bad_audio`."""
+    stream = Stream("ws://x/v1/stream", sample_rate_hz=22_050, on_message=lambda m: None)
+    assert all(stream._bytes_at_ms(ms) % 2 == 0 for ms in range(10_000))

@@ -35,7 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", type=Path)
     p.add_argument("--url", default=DEFAULT_URL, help=f"daemon stream URL (default {DEFAULT_URL})")
     p.add_argument(
-        "--speed", type=float, default=1.0, help="times real time; 0 sends as fast as possible"
+        "--speed",
+        type=float,
+        default=1.0,
+        help="times real time; 0: as fast as the daemon's default limits take it (the first 50 s"
+        " at once, then 8x real time)",
     )
     p.add_argument("--json", action="store_true", help="print every server message as JSON")
     p.add_argument("--out", type=_transcript_path, help=_OUT_HELP)
@@ -102,16 +106,31 @@ def _mic(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         stop = asyncio.Event()
+        running = asyncio.current_task()
+        assert running is not None
+
+        def on_signal() -> None:
+            # The first stops the microphone and waits for the last finals, which may take
+            # the reconnects of `--retry-for` while the daemon is away; a second quits now.
+            if stop.is_set():
+                running.cancel()
+                return
+            stop.set()
+            print("stopping: waiting for the last captions (Ctrl-C again quits)", file=sys.stderr)
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        await stream_microphone(
-            args.url,
-            device,
-            channel=args.channel,
-            stop=stop,
-            on_message=printer,
-            retry_for_s=args.retry_for,
-        )
+            asyncio.get_running_loop().add_signal_handler(sig, on_signal)
+        try:
+            await stream_microphone(
+                args.url,
+                device,
+                channel=args.channel,
+                stop=stop,
+                on_message=printer,
+                retry_for_s=args.retry_for,
+            )
+        except asyncio.CancelledError:
+            raise KeyboardInterrupt from None  # exit 130, the transcript written so far
 
     with _transcript_kept(args.out, printer):
         asyncio.run(run())

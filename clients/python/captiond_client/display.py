@@ -43,8 +43,7 @@ class CaptionPrinter:
                 stamp = format_clock(message["start_ms"])
                 print(f"[{stamp}] {message['text']}", file=self._out, flush=True)
         elif kind == "error":
-            self._clear()
-            print(f"error {message.get('code')}: {message.get('message')}", file=sys.stderr)
+            self._clear()  # its StreamError follows, and the command prints that once
 
     def _show_partial(self, stable: str, unstable: str) -> None:
         width = shutil.get_terminal_size().columns - 1

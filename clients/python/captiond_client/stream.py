@@ -5,8 +5,9 @@ caller's event loop).
 them flowing to one daemon session: when the connection drops or the daemon restarts, it
 reconnects with backoff and resumes the session with its token; the daemon says how much audio
 it has and the rest is sent again from the kept audio (the newest `keep_audio_s`), finals are
-acknowledged as they arrive, and replayed ones are not reported twice. `stream_samples` streams
-a file this way.
+acknowledged as they arrive, and replayed ones are not reported twice. Audio never goes out
+faster than the daemon's default limits take it (`SendBudget`), so a file sent at full speed
+or the backlog of a long drop is paced, not refused. `stream_samples` streams a file this way.
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import (
+    ConnectionClosed,
+    InvalidHandshake,
+    InvalidMessage,
+    InvalidStatus,
+    InvalidURI,
+)
 
 from captiond_client.audiofile import TARGET_RATE_HZ, to_pcm_s16le
 
@@ -37,20 +44,59 @@ BYTES_PER_SAMPLE = 2
 _RESUMABLE_ERRORS = {"shutting_down", "overloaded"}
 # Audio sent to a new session that replaces one the daemon no longer held: at most this much,
 # under the daemon's default `audio_burst_s` (60 s), so that the burst is not refused
-# (`rate_limited`). What the client was away for beyond it is lost, and said so.
+# (`rate_limited`). What the client was away for beyond it is lost, and said so. It is also
+# how far ahead of `MAX_SEND_SPEED` the client ever sends (SendBudget).
 FRESH_RESEND_S = 50.0
+# Times real time the client sends at most, beyond that burst: under the daemon's default
+# `max_audio_speed` (10).
+MAX_SEND_SPEED = 8.0
+_FIRST_RETRY_S, _LAST_RETRY_S = 0.5, 8.0
 
 
 class StreamError(RuntimeError):
     """The daemon refused or ended the stream with an error."""
 
-    def __init__(self, message: str, close_code: int | None = None) -> None:
-        super().__init__(message)
-        self.close_code = close_code
-
 
 class _Dropped(Exception):
-    """The connection went away without `done`: reconnect."""
+    """The connection went away without `done`: reconnect. `answered`: the daemon (or a
+    proxy before it) answered, so the URL is right even if no session began yet."""
+
+    def __init__(self, why: str, *, answered: bool = True) -> None:
+        super().__init__(why)
+        self.answered = answered
+
+
+class SendBudget:
+    """How much audio may go out now: at most `burst_bytes` ahead of `speed` times real time,
+    counted both from the session's start and from the connection's. The daemon's limit
+    (`[server] audio_burst_s` ahead of `max_audio_speed`) counts from the session's start, and
+    anew for a session it took back from its journal after a restart; this keeps under both.
+    A real-time source never comes near it."""
+
+    def __init__(self, *, burst_bytes: int, bytes_per_s: float) -> None:
+        self._burst_bytes = burst_bytes
+        self._bytes_per_s = bytes_per_s
+        self._session: tuple[float, int] = (time.monotonic(), 0)  # (start, bytes sent since)
+        self._connection = self._session
+
+    def new_session(self) -> None:
+        self._session = self._connection = (time.monotonic(), 0)
+
+    def new_connection(self) -> None:
+        self._connection = (time.monotonic(), 0)
+
+    def wait_s(self, size: int) -> float:
+        """Seconds until `size` bytes may go out (0: now)."""
+        now = time.monotonic()
+        short = max(
+            sent + size - self._burst_bytes - (now - start) * self._bytes_per_s
+            for start, sent in (self._session, self._connection)
+        )
+        return max(0.0, short / self._bytes_per_s)
+
+    def spend(self, size: int) -> None:
+        self._session = (self._session[0], self._session[1] + size)
+        self._connection = (self._connection[0], self._connection[1] + size)
 
 
 def stream_url(url: str, sample_rate_hz: int = TARGET_RATE_HZ) -> str:
@@ -70,6 +116,7 @@ class Stream:
         retry_for_s: float = 300.0,
         keep_audio_s: float = 120.0,
         fresh_resend_s: float = FRESH_RESEND_S,
+        max_send_speed: float = MAX_SEND_SPEED,
     ) -> None:
         self._url = stream_url(url, sample_rate_hz)
         self._on_message = on_message
@@ -77,6 +124,10 @@ class Stream:
         self._bytes_per_s = sample_rate_hz * BYTES_PER_SAMPLE
         self._keep_bytes = round(keep_audio_s * sample_rate_hz) * BYTES_PER_SAMPLE
         self._fresh_resend_bytes = round(fresh_resend_s * sample_rate_hz) * BYTES_PER_SAMPLE
+        self._budget = SendBudget(
+            burst_bytes=self._fresh_resend_bytes, bytes_per_s=max_send_speed * self._bytes_per_s
+        )
+        self._retry_s = _FIRST_RETRY_S  # the next reconnect's delay; reset by each session
         # Audio from the source: `_audio` holds bytes [_kept_from, _kept_from + len(_audio)).
         self._audio = bytearray()
         self._kept_from = 0
@@ -118,7 +169,6 @@ class Stream:
         self._more.set()
 
     async def _connections(self, reader: asyncio.Task[None]) -> None:
-        delay_s = 0.5
         while True:
             try:
                 await self._connection(reader)
@@ -126,13 +176,16 @@ class Stream:
             except _Dropped as exc:
                 now = time.monotonic()
                 self._away_since = self._away_since or now
-                # A daemon that never answered is a wrong URL more likely than a restart.
                 away_s = now - self._away_since
-                if self._session_base is None or away_s >= self._retry_for_s:
+                # A daemon that never answered at all is a wrong URL more likely than a
+                # restart; one that answered "overloaded" or HTTP 503 is worth waiting for.
+                never_answered = self._session_base is None and not exc.answered
+                if never_answered or away_s >= self._retry_for_s:
                     raise StreamError(f"cannot reach the daemon at {self._url}: {exc}") from exc
+                delay_s = self._retry_s
                 log.warning("connection lost (%s); reconnecting in %.1f s", exc, delay_s)
                 await asyncio.sleep(delay_s * random.uniform(0.8, 1.2))
-                delay_s = min(delay_s * 2, 8.0)
+                self._retry_s = min(delay_s * 2, _LAST_RETRY_S)
                 self.reconnects += 1
                 _raise_if_failed(reader)
 
@@ -142,27 +195,45 @@ class Stream:
             url += f"&resume={self._token}&since={self._next_segment}"
         try:
             conn = await connect(url, max_size=None)
+        except InvalidURI as exc:
+            raise StreamError(f"not a websocket URL (ws:// or wss://): {exc}") from None
         except OSError as exc:  # refused, unreachable, timed out: the daemon may come back
-            raise _Dropped(str(exc)) from exc
+            raise _Dropped(str(exc), answered=False) from exc
+        except InvalidMessage as exc:  # closed before its answer: a relay whose daemon is away
+            raise _Dropped(f"no answer to the upgrade: {exc}", answered=False) from exc
         except InvalidStatus as exc:  # answered with HTTP instead of the upgrade
-            response = exc.response
-            why = response.body.decode(errors="replace").strip() or response.reason_phrase
-            if response.status_code >= 500:  # a proxy or a daemon on its way down or up
-                raise _Dropped(f"HTTP {response.status_code}: {why}") from exc
+            status = exc.response.status_code
+            # The daemon's refusals are one line; whatever else answers may send a page.
+            lines = exc.response.body.decode(errors="replace").strip().splitlines()
+            why = lines[0][:200] if lines else exc.response.reason_phrase
+            if status >= 500:  # a proxy or a daemon on its way down or up
+                raise _Dropped(f"HTTP {status}: {why}") from exc
+            if status < 400:  # a web server, or the daemon's page: not a stream endpoint
+                raise StreamError(
+                    f"{self._url} did not answer as a captiond daemon (HTTP {status})"
+                ) from None
             raise StreamError(  # the token, the Origin: trying again will not help
-                f"the daemon refused the connection (HTTP {response.status_code}): {why}"
+                f"the daemon refused the connection (HTTP {status}): {why}"
             ) from None
+        except InvalidHandshake as exc:  # an answer, but not a websocket server's
+            raise StreamError(f"{self._url} did not answer as a captiond daemon: {exc}") from None
         async with conn:
             hello = await self._hello(conn)
             position = self._audio_end
             if hello["type"] == "resumed":
+                self._budget.new_connection()
                 position = int(hello["received_bytes"])
                 if position < self._kept_from:
                     log.warning("%d ms of audio were not kept: not resent", self._gap_ms(position))
                     position = self._kept_from
+            elif self._session_base is None:  # the first session: all the source's audio
+                self._budget.new_session()
+                position = self._session_base = self._kept_from
             else:
-                # A new session: from the audio no final of an earlier session covered, at
-                # most `fresh_resend_s` of it (the daemon refuses more at once).
+                # A session replacing one the daemon no longer held: from the audio no final
+                # of an earlier session covered, at most `fresh_resend_s` of it (catching up
+                # on more would keep the captions that far behind).
+                self._budget.new_session()
                 uncovered = max(self._covered, self._kept_from)
                 position = max(uncovered, self._audio_end - self._fresh_resend_bytes)
                 if position > uncovered:
@@ -181,6 +252,12 @@ class Stream:
                 sender.cancel()
                 receiver.cancel()
 
+    def _bytes_at_ms(self, ms: int) -> int:
+        """The byte offset of stream time `ms`: on a sample, so audio sent from it is whole
+        samples (at 22,050 Hz a millisecond is not)."""
+        rate_hz = self._bytes_per_s // BYTES_PER_SAMPLE
+        return int(ms) * rate_hz // 1000 * BYTES_PER_SAMPLE
+
     def _gap_ms(self, position: int) -> int:
         return (self._kept_from - position) * 1000 // self._bytes_per_s
 
@@ -190,15 +267,19 @@ class Stream:
         if message.get("code") == "resume_failed":
             log.warning("the session could not be resumed (%s): starting a new one", message)
             self._token = None
-            self._earlier_segments += self._next_segment
-            self._next_segment = 0
             raise _Dropped("resume refused")
         if message.get("code") in _RESUMABLE_ERRORS:
             raise _Dropped(message["code"])
         if message["type"] not in ("ready", "resumed"):
-            self._fail(message, conn)
+            self._fail(message)
+        if message["type"] == "ready" and self._session_base is not None:
+            # A new session after an earlier one (expired, refused, or a daemon that does
+            # not resume): its segments count from 0 again, after the earlier ones'.
+            self._earlier_segments += self._next_segment
+            self._next_segment = 0
         self._token = message.get("resume_token")
         self._away_since = None
+        self._retry_s = _FIRST_RETRY_S
         self._on_message(message)
         return message
 
@@ -213,6 +294,10 @@ class Stream:
             while position < self._audio_end:
                 start = max(position, self._kept_from) - self._kept_from
                 chunk = bytes(self._audio[start : start + 32_000])
+                if (wait_s := self._budget.wait_s(len(chunk))) > 0:
+                    await asyncio.sleep(wait_s)
+                    continue  # the kept audio may have moved on meanwhile
+                self._budget.spend(len(chunk))
                 await conn.send(chunk)
                 position = max(position, self._kept_from) + len(chunk)
             if self._source_done:
@@ -231,8 +316,7 @@ class Stream:
                 if segment < self._next_segment:
                     continue  # replayed, and already reported
                 self._next_segment = segment + 1
-                end_bytes = int(message["end_ms"]) * self._bytes_per_s // 1000
-                self._covered = (self._session_base or 0) + end_bytes
+                self._covered = (self._session_base or 0) + self._bytes_at_ms(message["end_ms"])
                 self._on_message(self._continuous(message))
                 # The daemon may already be closing (`done` follows): a lost ack only means
                 # a longer replay after a resume, which `since` trims anyway.
@@ -241,8 +325,8 @@ class Stream:
                 continue
             if kind == "error":
                 if message.get("code") in _RESUMABLE_ERRORS:
-                    raise _Dropped(message.get("code"))
-                self._fail(message, conn)
+                    raise _Dropped(str(message["code"]))
+                self._fail(message)
             self._on_message(self._continuous(message))
             if kind == "done":
                 return
@@ -253,9 +337,10 @@ class Stream:
         if not (self._earlier_segments or self._session_base):
             return message
         shifted = dict(message)
-        if "segment" in shifted:
-            shifted["segment"] += self._earlier_segments
-        for key in ("start_ms", "end_ms"):
+        for key in ("segment", "segments"):  # a final's number; `done`'s count
+            if key in shifted:
+                shifted[key] += self._earlier_segments
+        for key in ("start_ms", "end_ms", "audio_ms"):
             if key in shifted:
                 shifted[key] += (self._session_base or 0) * 1000 // self._bytes_per_s
         return shifted
@@ -269,9 +354,9 @@ class Stream:
         message: Message = json.loads(raw)
         return message
 
-    def _fail(self, message: Message, conn: ClientConnection) -> None:
+    def _fail(self, message: Message) -> None:
         self._on_message(message)
-        raise StreamError(f"{message.get('code')}: {message.get('message')}", conn.close_code)
+        raise StreamError(f"{message.get('code')}: {message.get('message')}")
 
 
 def _raise_if_failed(task: asyncio.Task[None]) -> None:
@@ -298,13 +383,18 @@ async def stream_samples(
     on_message: Callable[[Message], None],
     retry_for_s: float = 300.0,
     fresh_resend_s: float = FRESH_RESEND_S,
+    max_send_speed: float = MAX_SEND_SPEED,
 ) -> None:
-    """Stream `samples` (16 kHz mono) and report every message; raises StreamError on errors."""
+    """Stream `samples` (16 kHz mono) and report every message; raises StreamError on errors.
+    The whole file is kept for resends: at `speed` 0 it is all read before the daemon has
+    taken much of it."""
     stream = Stream(
         url,
         sample_rate_hz=TARGET_RATE_HZ,
         on_message=on_message,
         retry_for_s=retry_for_s,
+        keep_audio_s=max(120.0, len(samples) / TARGET_RATE_HZ + 1),
         fresh_resend_s=fresh_resend_s,
+        max_send_speed=max_send_speed,
     )
     await stream.run(paced_chunks(samples, speed))
