@@ -214,6 +214,33 @@ def test_a_daemon_restart_loses_no_final(tmp_path: Path, journal: bool) -> None:
     assert done["audio_ms"] == len(PCM) * 1000 // RATE
 
 
+def test_a_resume_after_a_restart_sends_its_backlog_at_a_pace_the_daemon_takes(
+    tmp_path: Path,
+) -> None:
+    """A session the restarted daemon takes back from its journal gets a fresh speed limit:
+    the first `audio_burst_s` (here 3 s), then `max_audio_speed` (10x). The seconds of audio
+    a 4x stream made while the daemon was away go out at most `fresh_resend_s` (2 s) ahead of
+    8x real time, not at once, which was `rate_limited`."""
+
+    async def scenario() -> list[Message]:
+        sections: dict[str, Any] = {"journal": {"dir": str(tmp_path)}}
+        limits = {"audio_burst_s": 3.0}
+        messages: list[Message] = []
+        async with running_daemon(make_config(server=limits, **sections)) as daemon:
+            port = daemon.port
+            client = start_client(port, messages, fresh_resend_s=2.0)
+            await asyncio.sleep(1.2)
+        await asyncio.sleep(1.5)  # the daemon is away: 6 s of audio or more wait for it
+        async with running_daemon(make_config(server={"port": port, **limits}, **sections)):
+            await asyncio.wait_for(client, 30)
+        return messages
+
+    messages = asyncio.run(scenario())
+    kinds = [m["type"] for m in messages]
+    assert "error" not in kinds and kinds.count("resumed") == 1 and kinds[-1] == "done"
+    assert uncaptioned_words_ms(check_exactly_once(messages)) == []
+
+
 def test_an_unreachable_daemon_is_an_error_at_once() -> None:
     with pytest.raises(StreamError, match="cannot reach"):
         asyncio.run(
