@@ -318,6 +318,24 @@ def test_at_full_speed_the_whole_file_is_sent_at_the_pace_the_daemon_allows() ->
     assert messages[-1]["type"] == "done" and messages[-1]["audio_ms"] == len(PCM) * 1000 // RATE
 
 
+def test_the_client_paces_itself_under_the_limit_its_daemon_announces() -> None:
+    """A daemon with lower limits than the defaults (a 3-s burst, then 3x real time) says so
+    in `ready`; the client, at `--speed 0`, sends at most 80 % of them, not its own 50 s and
+    8x, which that daemon refuses (`rate_limited`)."""
+
+    async def scenario() -> list[Message]:
+        config = make_config(server={"audio_burst_s": 3.0, "max_audio_speed": 3.0})
+        async with running_daemon(config) as daemon:
+            messages: list[Message] = []
+            target = f"ws://127.0.0.1:{daemon.port}/v1/stream"
+            await stream_samples(target, samples(), speed=0, on_message=messages.append)
+            return messages
+
+    messages = asyncio.run(scenario())
+    assert messages[0]["max_audio_speed"] == 3.0 and messages[0]["audio_burst_s"] == 3.0
+    assert uncaptioned_words_ms(check_exactly_once(messages)) == []
+
+
 def test_an_overloaded_daemon_is_waited_for_even_before_a_first_session() -> None:
     """`overloaded` (1013, try later) answers: the URL is right, so the client retries within
     `retry_for_s` instead of giving up as for a daemon that never answered."""

@@ -494,7 +494,16 @@ def render_final(query: dict[str, str], text: str) -> dict[str, Any]:
     dialect = DeepgramDialect(
         Query(urlencode({**query, "encoding": "linear16", "sample_rate": 16000}))
     )
-    dialect.render(Ready(session="s1", sample_rate=RATE, model="tiny.en", engine="fake"))
+    dialect.render(
+        Ready(
+            session="s1",
+            sample_rate=RATE,
+            model="tiny.en",
+            engine="fake",
+            max_audio_speed=10.0,
+            audio_burst_s=60.0,
+        )
+    )
     (frame,) = dialect.render(Final(segment=0, start_ms=1000, end_ms=3000, text=text))
     result: dict[str, Any] = ListenV1Results.model_validate_json(frame).model_dump()
     return result

@@ -178,9 +178,19 @@ def test_parse_control_unknown_type_is_named() -> None:
 
 _EXPECTED: list[tuple[ServerMessage, str, list[str]]] = [
     (
-        Ready(session="abc", sample_rate=16_000, model="tiny.en", engine="fake"),
+        Ready(
+            session="abc",
+            sample_rate=16_000,
+            model="tiny.en",
+            engine="fake",
+            max_audio_speed=10.0,
+            audio_burst_s=60.0,
+        ),
         "ready",
-        ["protocol", "session", "sample_rate", "model", "engine", "resume_token", "resume_s"],
+        [
+            *("protocol", "session", "sample_rate", "model", "engine", "resume_token", "resume_s"),
+            *("max_audio_speed", "audio_burst_s"),
+        ],
     ),
     (
         Resumed(
@@ -190,6 +200,8 @@ _EXPECTED: list[tuple[ServerMessage, str, list[str]]] = [
             engine="fake",
             resume_token="abc.x",
             resume_s=60.0,
+            max_audio_speed=10.0,
+            audio_burst_s=60.0,
             audio_ms=1000,
             received_bytes=32_000,
             ended=False,
@@ -199,6 +211,7 @@ _EXPECTED: list[tuple[ServerMessage, str, list[str]]] = [
         "resumed",
         [
             *("protocol", "session", "sample_rate", "model", "engine", "resume_token", "resume_s"),
+            *("max_audio_speed", "audio_burst_s"),
             *("audio_ms", "received_bytes", "ended", "gap_ms", "replayed"),
         ],
     ),
@@ -239,7 +252,14 @@ def test_server_message_json(message: ServerMessage, kind: str, fields: list[str
 
 
 def test_ready_carries_protocol_version() -> None:
-    data = Ready(session="s", sample_rate=16_000, model="m", engine="e").to_dict()
+    data = Ready(
+        session="s",
+        sample_rate=16_000,
+        model="m",
+        engine="e",
+        max_audio_speed=10.0,
+        audio_burst_s=60.0,
+    ).to_dict()
     assert data["protocol"] == PROTOCOL == "captiond.v1"
     assert data["sample_rate"] == 16_000
 

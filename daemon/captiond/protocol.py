@@ -260,6 +260,11 @@ class Ready(ServerMessage):
     # Reconnect with `?resume=` this within `resume_s` to take the session back (None: off).
     resume_token: str | None = None
     resume_s: float = 0.0
+    # The stream's audio speed limit ([server] max_audio_speed after audio_burst_s; counted
+    # from the session's start, and anew for one resumed from the journal): a client that
+    # sends faster than real time (a file, a resume's backlog) paces itself under it.
+    max_audio_speed: float
+    audio_burst_s: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -480,6 +480,8 @@ class Daemon:
             engine=engine.name,
             resume_token=token,
             resume_s=self.config.server.resume_s if token else 0.0,
+            max_audio_speed=self.config.server.max_audio_speed,
+            audio_burst_s=self.config.server.audio_burst_s,
         )
 
     async def _keep(self, live: LiveStream, peer: str) -> None:

@@ -38,8 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--speed",
         type=float,
         default=1.0,
-        help="times real time; 0: as fast as the daemon's default limits take it (the first 50 s"
-        " at once, then 8x real time)",
+        help="times real time; 0: as fast as the daemon takes it (at most the first 50 s at once,"
+        " then 8x real time, and under the limit the daemon announces)",
     )
     p.add_argument("--json", action="store_true", help="print every server message as JSON")
     p.add_argument("--out", type=_transcript_path, help=_OUT_HELP)

@@ -50,6 +50,9 @@ FRESH_RESEND_S = 50.0
 # Times real time the client sends at most, beyond that burst: under the daemon's default
 # `max_audio_speed` (10).
 MAX_SEND_SPEED = 8.0
+# The share of a daemon's announced speed limit (`ready`) the client uses: its clock starts
+# later than the daemon's, and a network stall can deliver a second's audio at once.
+_LIMIT_SHARE = 0.8
 _FIRST_RETRY_S, _LAST_RETRY_S = 0.5, 8.0
 
 
@@ -67,17 +70,24 @@ class _Dropped(Exception):
 
 
 class SendBudget:
-    """How much audio may go out now: at most `burst_bytes` ahead of `speed` times real time,
-    counted both from the session's start and from the connection's. The daemon's limit
-    (`[server] audio_burst_s` ahead of `max_audio_speed`) counts from the session's start, and
-    anew for a session it took back from its journal after a restart; this keeps under both.
-    A real-time source never comes near it."""
+    """How much audio may go out now: at most `burst_bytes` ahead of `bytes_per_s`, counted
+    both from the session's start and from the connection's. The daemon's limit (`[server]
+    audio_burst_s` ahead of `max_audio_speed`, which its `ready` announces) counts from the
+    session's start, and anew for a session it took back from its journal after a restart;
+    this keeps under both. A real-time source never comes near it."""
 
     def __init__(self, *, burst_bytes: int, bytes_per_s: float) -> None:
+        self._most = (burst_bytes, bytes_per_s)  # what the client allows itself
         self._burst_bytes = burst_bytes
         self._bytes_per_s = bytes_per_s
         self._session: tuple[float, int] = (time.monotonic(), 0)  # (start, bytes sent since)
         self._connection = self._session
+
+    def fit(self, burst_bytes: float, bytes_per_s: float) -> None:
+        """Under a daemon's announced limit too (this daemon's: it may have restarted with
+        another)."""
+        self._burst_bytes = int(min(self._most[0], burst_bytes))
+        self._bytes_per_s = min(self._most[1], bytes_per_s)
 
     def new_session(self) -> None:
         self._session = self._connection = (time.monotonic(), 0)
@@ -280,6 +290,11 @@ class Stream:
         self._token = message.get("resume_token")
         self._away_since = None
         self._retry_s = _FIRST_RETRY_S
+        if "max_audio_speed" in message:  # not from a daemon before the field
+            self._budget.fit(
+                _LIMIT_SHARE * message["audio_burst_s"] * self._bytes_per_s,
+                _LIMIT_SHARE * message["max_audio_speed"] * self._bytes_per_s,
+            )
         self._on_message(message)
         return message
 
