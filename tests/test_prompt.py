@@ -6,6 +6,7 @@ real speech. The vendor dialects' prompt fields are tested with their SDKs in te
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from urllib.parse import quote
 
@@ -81,6 +82,14 @@ def test_a_prompt_with_control_token_markers_is_refused(prompt: str) -> None:
     assert check_prompt("C++ <templates>, a|b") == "C++ <templates>, a|b"
     with pytest.raises(ConfigError, match=r"\[stream\] prompt may not"):
         config_from_mapping({"stream": {"prompt": prompt}})
+
+
+def test_a_prompt_with_half_an_emoji_is_refused() -> None:
+    """JSON's "\\ud83d" (a lone surrogate) is refused: a session update carrying it used to
+    drop the connection (1006) when the reply echoing it could not be encoded."""
+    with pytest.raises(BadMessageError, match="lone surrogate"):
+        check_prompt(json.loads('"Priya \\ud83d"'))
+    assert check_prompt(json.loads('"Priya \\ud83d\\ude00"')) == "Priya \U0001f600"
 
 
 def test_repeated_query_parameters_keep_every_value_and_terms_join_with_commas() -> None:

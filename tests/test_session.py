@@ -28,6 +28,7 @@ from captiond.protocol import (
     StreamParams,
 )
 from captiond.session import DecodeRequest, SessionState, StreamSession
+from captiond.text import units
 
 RATE = 16_000
 CHUNK_MS = 100
@@ -1327,3 +1328,24 @@ def test_an_utterance_without_speech_does_not_change_the_session_language() -> N
     hints = [r.language_hint for r in seen if r.language is None]
     assert hints[-1] == "de", "the third utterance still leans on German"
     assert [f.language for f in driver.of(Final) if f.text] == ["de", "de"]
+
+
+def test_a_thai_tone_mark_stays_with_its_character_through_stable_text() -> None:
+    """Whisper's tokens split "ค่ะ" into "ค", "่", "ะ": a partial may end at "ค่" and the next
+    decode, forced with it, go on with "ะ". Units are whole characters with their marks, so
+    the stable text never ends between "ค" and "่", and a decode that goes on with a mark is
+    text, not punctuation to leave out: the final keeps "ค่ะ" (polite), not "คะ" (a question)."""
+    whole = "สวัสดีค่ะยินดีที่ได้รู้จัก"  # (without Thai's phrase space: see README)
+    partials = ["สวัสดีค่", "สวัสดีค่ะยิน"]
+
+    def decode(request: EngineRequest) -> EngineResult:
+        said = partials.pop(0) if partials and request.kind is DecodeKind.PARTIAL else whole
+        assert said.startswith(request.prefix), (request.prefix, said)
+        new = said[len(request.prefix) :]  # as an engine answers: the text after the prefix
+        return EngineResult(text=new, unit_probs=(0.9,) * len(units(new)))
+
+    driver = Driver(decode, params=StreamParams(language="th"), stream=NO_CONTEXT)
+    driver.send(np.concatenate([silence(0.5), tone(3.0), silence(1.0)]))
+    driver.control(Control.END)
+    assert not any(p.stable.endswith("ค") for p in driver.of(Partial))
+    assert "ค่ะ" in driver.of(Final)[0].text

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from captiond.stabilize import LocalAgreement, keep_stable
-from captiond.text import has_word, join_texts, join_units, units, written_after
+from captiond.text import has_word, join_texts, join_units, plain_unit, units, written_after
 from captiond_client.display import CaptionPrinter
 
 
@@ -25,6 +25,9 @@ from captiond_client.display import CaptionPrinter
         ("我用Python写", ["我", "用", "Python", "写"]),
         ("مرحبا بالعالم، كيف حالك؟", ["مرحبا", "بالعالم،", "كيف", "حالك؟"]),
         ("Привет, мир", ["Привет,", "мир"]),
+        # A combining mark stays with its character: "ค่ะ" is "ค่" and "ะ", never "ค", "่", "ะ".
+        ("สวัสดีค่ะ", ["ส", "วั", "ส", "ดี", "ค่", "ะ"]),
+        ("नमस्ते दुनिया", ["नमस्ते", "दुनिया"]),
     ],
 )
 def test_units(text: str, expected: list[str]) -> None:
@@ -78,6 +81,29 @@ def test_a_chinese_final_keeps_the_stable_characters() -> None:
     # Digits and Latin letters inside the sentence stay as Whisper wrote them.
     assert keep_stable(tuple("加進"), "加近38年登建式") == "加進38年登建式"
     assert keep_stable(tuple("我用"), "我用Python写") == "我用Python写"
+    # Anchored at the "年" two characters from its place, not at a "三" far along the decode
+    # ("第三甲"), which left "登进" out.
+    stable = tuple(units("嘉靖三十八年"))
+    assert (
+        keep_stable(stable, "嘉靖38年,登进士第三甲第二名。") == "嘉靖三十八年登进士第三甲第二名。"
+    )
+
+
+@pytest.mark.parametrize(
+    ("unit", "plain"),
+    [
+        ("Hello,", "hello"),
+        ("码。", "码"),
+        ("«Bonjour»", "bonjour"),
+        # A vendor's unpunctuated word keeps its vowel signs and tone marks (combining marks).
+        ("दुनिया,", "दुनिया"),
+        ("हिंदी", "हिंदी"),
+        ("বাংলায়", "বাংলায়"),
+        ("ที่", "ที่"),
+    ],
+)
+def test_a_plain_unit_loses_punctuation_not_marks(unit: str, plain: str) -> None:
+    assert plain_unit(unit) == plain
 
 
 @pytest.mark.parametrize(

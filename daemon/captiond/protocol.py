@@ -147,6 +147,12 @@ def check_prompt(prompt: str, what: str = "prompt") -> str:
         # Whisper's tokenizer reads "<|endoftext|>" in text as the control token itself: a
         # prompt could end the prompt early or start a new transcript inside it.
         raise BadMessageError(f"{what} may not contain Whisper's control-token markers <|…|>")
+    try:
+        prompt.encode()
+    except UnicodeEncodeError:
+        # JSON lets "\ud83d" (half an emoji) through as a lone surrogate; the tokenizer, the
+        # journal and the reply that echoes the prompt could not encode it.
+        raise BadMessageError(f"{what} is not valid Unicode (a lone surrogate)") from None
     return prompt.strip()
 
 

@@ -58,7 +58,14 @@ from captiond.protocol import (
     parse_language,
 )
 from captiond.stabilize import LocalAgreement, keep_stable
-from captiond.text import has_word, join_texts, join_units, units, written_after
+from captiond.text import (
+    has_word,
+    join_texts,
+    join_units,
+    only_punctuation,
+    units,
+    written_after,
+)
 from captiond.vad import UtteranceEnd, UtteranceStart, Vad, VadEvent, VadSegmenter
 
 # Audio kept behind the stream's end while no utterance is open: the segmenter may open one
@@ -338,7 +345,7 @@ class StreamSession:
         new_units = units(new)
         forced = bool(request.engine_request.prefix)
         skipped = 0
-        while forced and skipped < len(new_units) and not has_word(new_units[skipped]):
+        while forced and skipped < len(new_units) and only_punctuation(new_units[skipped]):
             skipped += 1
         rest = new_units[skipped:]
         if rest and request.forced_words and not skipped and not result.spaced:

@@ -12,7 +12,6 @@ later decode of the segment, so a wrong one would stay wrong.
 
 from __future__ import annotations
 
-import difflib
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -93,14 +92,21 @@ def keep_stable(stable: Sequence[str], decoded: str) -> str:
     if not stable:
         return join_units(words)
     # Matched loosely: a final that extends a word ("fellows") still anchors at it.
-    matcher = difflib.SequenceMatcher(
-        None, [_stem(w) for w in stable], [_stem(w) for w in words], autojunk=False
-    )
-    # The last block of words both agree on that starts among the stable words, near where it
-    # is among them (a common word much later in the decode is no anchor), anchors the decode;
-    # stable words after it stand for as many decode words (one for one).
+    stems = [_stem(w) for w in words]
+    # The last stable word that the decode has near where it is among the stable words (a
+    # common word much later in the decode is no anchor) anchors the decode; stable words
+    # after it stand for as many decode words (one for one). Searched near each stable word,
+    # not by a longest common block: in Chinese every character is a unit, and a block's
+    # "三" far along the decode ("…第三甲") hid the "年" two units from its place.
     rest = len(stable)
-    for a, b, size in matcher.get_matching_blocks():
-        if size and a < len(stable) and abs(b - a) <= _ANCHOR_SHIFT_WORDS:
-            rest = b + len(stable) - a
+    for a in range(len(stable) - 1, -1, -1):
+        stem = _stem(stable[a])
+        near = [
+            b
+            for b in range(max(0, a - _ANCHOR_SHIFT_WORDS), a + _ANCHOR_SHIFT_WORDS + 1)
+            if b < len(stems) and stems[b] == stem
+        ]
+        if near:
+            rest = min(near, key=lambda b: abs(b - a)) + len(stable) - a
+            break
     return join_units([*stable, *words[rest:]])

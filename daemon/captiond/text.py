@@ -4,14 +4,15 @@ Stable text, forced prefixes and word counts work on units. Splitting on spaces 
 scripts that separate words (Latin, Cyrillic, Greek, Arabic, Hebrew, Hangul, …) and wrong for
 Chinese, Japanese and Thai, where a sentence has no spaces: there every character is a unit, so
 LocalAgreement can agree on a growing prefix of a Japanese sentence as it does on English words.
-Punctuation stays attached to the unit before it. `join_units` is the inverse: it gives back the
+Punctuation stays attached to the unit before it, and so does a combining mark (a Thai tone or
+vowel mark is no unit of its own: a stable text never ends between "ค" and its "่").
+`join_units` is the inverse: it gives back the
 text as written ("2020年", "我用Python写", "保术,我们" keep their lack of spaces), except that a
 stray space between two characters of such a script goes.
 """
 
 from __future__ import annotations
 
-import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 
@@ -31,9 +32,6 @@ _NO_SPACE_RANGES = (
 )
 
 
-_EDGE_PUNCTUATION = re.compile(r"^[\W_]+|[\W_]+$")
-
-
 def _no_space(char: str) -> bool:
     code = ord(char)
     # Below Thai every script separates words: most text never reaches the range scan.
@@ -46,9 +44,26 @@ def _punctuation(char: str) -> bool:
     return unicodedata.category(char).startswith("P")
 
 
+def _mark(char: str) -> bool:
+    """A combining mark (Thai tone and vowel marks, Devanagari vowel signs, …): part of the
+    character before it."""
+    return unicodedata.category(char).startswith("M")
+
+
+def _edge(char: str) -> bool:
+    """What a vendor's unpunctuated word leaves off its edges: punctuation, symbols, spaces."""
+    return unicodedata.category(char)[0] in "PSZ"
+
+
 def has_word(text: str) -> bool:
     """Whether `text` has a letter or digit in any script (not just punctuation or symbols)."""
     return any(char.isalnum() for char in text)
+
+
+def only_punctuation(text: str) -> bool:
+    """Whether `text` is punctuation and symbols alone: no letter, digit or combining mark (a
+    decode's "่" that continues a forced "ค" is text, not punctuation)."""
+    return all(_edge(char) for char in text)
 
 
 class Unit(str):
@@ -68,9 +83,15 @@ def _unit(text: str, glued: bool) -> str:
 
 
 def plain_unit(unit: str) -> str:
-    """`unit` lower-cased, without what is not a letter or digit at its edges (in any script:
-    "码。" → "码", "Hello," → "hello"), spaced as `unit` was: a vendor's unpunctuated word."""
-    return _unit(_EDGE_PUNCTUATION.sub("", unit).lower(), getattr(unit, "glued", False))
+    """`unit` lower-cased, without punctuation or symbols at its edges (in any script: "码。"
+    → "码", "Hello," → "hello"; a combining mark stays, "दुनिया," → "दुनिया"), spaced as `unit`
+    was: a vendor's unpunctuated word."""
+    start, end = 0, len(unit)
+    while start < end and _edge(unit[start]):
+        start += 1
+    while end > start and _edge(unit[end - 1]):
+        end -= 1
+    return _unit(unit[start:end].lower(), getattr(unit, "glued", False))
 
 
 def units(text: str) -> list[str]:
@@ -83,7 +104,9 @@ def units(text: str) -> list[str]:
         parts: list[tuple[str, bool]] = []
         word = ""
         for char in token:
-            if _no_space(char) and not _punctuation(char):
+            if _mark(char) and not word and parts:
+                parts[-1] = (parts[-1][0] + char, parts[-1][1])  # "่" after "ค"
+            elif _no_space(char) and not _punctuation(char) and not _mark(char):
                 if word:
                     parts.append((word, bool(parts)))
                 word = ""
