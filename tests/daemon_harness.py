@@ -23,6 +23,7 @@ from websockets.exceptions import ConnectionClosed
 from captiond.config import Config
 from captiond.engines import Engine, EngineRequest, EngineResult
 from captiond.engines.fake import FakeEngine
+from captiond.protocol import Ready
 from captiond.scheduler import InferenceScheduler
 from captiond.server import Daemon
 from captiond.sources import AudioInput, microphone
@@ -69,6 +70,19 @@ def tone_bursts(bursts_s: list[float], gap_s: float = 1.0) -> np.ndarray:
         t = np.arange(int(dur * RATE)) / RATE
         parts += [0.3 * np.sin(2 * np.pi * 220 * t), np.zeros(int(gap_s * RATE))]
     return (np.concatenate(parts) * 32767).astype("<i2")
+
+
+def ready(**fields: Any) -> Ready:
+    """A `ready` message as the daemon's defaults make it, for the dialects' own tests."""
+    defaults: dict[str, Any] = {
+        "session": "s1",
+        "sample_rate": RATE,
+        "model": "tiny.en",
+        "engine": "fake",
+        "max_audio_speed": 10.0,
+        "audio_burst_s": 60.0,
+    }
+    return Ready(**(defaults | fields))
 
 
 def make_config(**sections: dict[str, Any]) -> Config:

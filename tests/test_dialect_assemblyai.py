@@ -35,6 +35,7 @@ from conftest import read_wav_int16
 from daemon_harness import (
     RecordingEngine,
     make_config,
+    ready,
     running_daemon,
     stream_pcm,
     tone_bursts,
@@ -52,7 +53,7 @@ from captiond.errors import (
     OverloadedError,
     RateLimitedError,
 )
-from captiond.protocol import Control, Error, Final, Partial, Ready
+from captiond.protocol import Control, Error, Final, Partial
 
 FAST = make_config(server={"max_audio_speed": 1e6})
 RATE = 16_000
@@ -323,16 +324,7 @@ def test_bad_messages_and_audio_get_assemblyai_errors_and_close_codes() -> None:
 def test_whisper_text_becomes_unformatted_turns_and_one_formatted_final() -> None:
     dialect = AssemblyAIDialect({"format_turns": "True"}, now_s=lambda: 1000.0)
     dialect.stream_params("en")
-    [begin] = dialect.render(
-        Ready(
-            session="s1",
-            sample_rate=RATE,
-            model="m",
-            engine="e",
-            max_audio_speed=10.0,
-            audio_burst_s=60.0,
-        )
-    )
+    [begin] = dialect.render(ready(model="m", engine="e"))
     assert json.loads(begin) == {"type": "Begin", "id": "s1", "expires_at": 1000 + 3 * 3600}
     partial = Partial(
         segment=0, rev=2, start_ms=0, end_ms=900, stable="Hello,", unstable="World! It's"
@@ -358,16 +350,7 @@ def test_whisper_text_becomes_unformatted_turns_and_one_formatted_final() -> Non
 def test_the_words_of_a_chinese_turn_are_its_characters() -> None:
     dialect = AssemblyAIDialect({"format_turns": "true"}, now_s=lambda: 1000.0)
     dialect.stream_params("zh")
-    dialect.render(
-        Ready(
-            session="s1",
-            sample_rate=RATE,
-            model="m",
-            engine="e",
-            max_audio_speed=10.0,
-            audio_burst_s=60.0,
-        )
-    )
+    dialect.render(ready(model="m", engine="e"))
     partial = Partial(
         segment=0, rev=1, start_ms=0, end_ms=600, stable="我用Python", unstable="写代码"
     )

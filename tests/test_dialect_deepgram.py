@@ -28,6 +28,7 @@ from daemon_harness import (
     RATE,
     RecordingEngine,
     make_config,
+    ready,
     running_daemon,
     stream_pcm,
     tone_bursts,
@@ -57,7 +58,7 @@ from captiond.config import Config
 from captiond.dialects.deepgram import DeepgramDialect
 from captiond.engines import Engine
 from captiond.errors import BadAudioError
-from captiond.protocol import Control, Final, Query, Ready, SpeechStopped
+from captiond.protocol import Control, Final, Query, SpeechStopped
 
 FAST = make_config(server={"max_audio_speed": 1e6})
 LINEAR16: dict[str, Any] = {"encoding": "linear16", "sample_rate": RATE}
@@ -494,16 +495,7 @@ def render_final(query: dict[str, str], text: str) -> dict[str, Any]:
     dialect = DeepgramDialect(
         Query(urlencode({**query, "encoding": "linear16", "sample_rate": 16000}))
     )
-    dialect.render(
-        Ready(
-            session="s1",
-            sample_rate=RATE,
-            model="tiny.en",
-            engine="fake",
-            max_audio_speed=10.0,
-            audio_burst_s=60.0,
-        )
-    )
+    dialect.render(ready())
     (frame,) = dialect.render(Final(segment=0, start_ms=1000, end_ms=3000, text=text))
     result: dict[str, Any] = ListenV1Results.model_validate_json(frame).model_dump()
     return result

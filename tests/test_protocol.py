@@ -252,14 +252,9 @@ def test_server_message_json(message: ServerMessage, kind: str, fields: list[str
 
 
 def test_ready_carries_protocol_version() -> None:
-    data = Ready(
-        session="s",
-        sample_rate=16_000,
-        model="m",
-        engine="e",
-        max_audio_speed=10.0,
-        audio_burst_s=60.0,
-    ).to_dict()
+    ready = _EXPECTED[0][0]
+    assert isinstance(ready, Ready)
+    data = ready.to_dict()
     assert data["protocol"] == PROTOCOL == "captiond.v1"
     assert data["sample_rate"] == 16_000
 
