@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +31,11 @@ from websockets.exceptions import ConnectionClosed
 
 from captiond.bench.wer import word_errors
 from captiond.broadcast import Broadcast
-from captiond.config import SourceConfig
+from captiond.config import Config, SourceConfig
 from captiond.engines.fake import FakeEngine
 from captiond.errors import OverloadedError
 from captiond.protocol import Final, SourceStatus
+from captiond.server import Daemon
 
 Message = dict[str, Any]
 
@@ -89,6 +90,18 @@ async def read_until(
             into.append(message)
             if done(message):
                 return
+
+
+@contextlib.asynccontextmanager
+async def watched(
+    config: Config, source: ScriptedInput
+) -> AsyncIterator[tuple[Daemon, ClientConnection]]:
+    """A daemon that runs `source` as its source "room", and a viewer of it."""
+    async with (
+        running_daemon(config, audio_input=source) as daemon,
+        connect(url(daemon, "/v1/captions", "source=room")) as viewer,
+    ):
+        yield daemon, viewer
 
 
 def texts(messages: list[Message]) -> list[str]:
@@ -186,10 +199,7 @@ def test_missing_and_vanishing_device_is_a_state_and_a_retry() -> None:
     source = ScriptedInput(fail_opens=1)
 
     async def scenario() -> None:
-        async with (
-            running_daemon(source_config(), audio_input=source) as daemon,
-            connect(url(daemon, "/v1/captions", "source=room")) as viewer,
-        ):
+        async with watched(source_config(), source) as (daemon, viewer):
             seen: list[Message] = []
             await read_until(viewer, lambda m: m.get("state") == "waiting_for_device", seen)
             assert "no input device" in seen[-1]["message"]
@@ -249,10 +259,7 @@ def test_a_device_error_that_is_no_oserror_is_a_retry_too(tmp_path: Path) -> Non
     config = journaled_source_config(tmp_path)
 
     async def scenario() -> list[Message]:
-        async with (
-            running_daemon(config, audio_input=source) as daemon,
-            connect(url(daemon, "/v1/captions", "source=room")) as viewer,
-        ):
+        async with watched(config, source) as (daemon, viewer):
             seen: list[Message] = []
             source.feed(tone_bursts([1.5], gap_s=0.0))  # the utterance is still open
             await read_until(viewer, lambda m: m["type"] == "speech_started", seen)
@@ -564,10 +571,7 @@ def test_a_sources_finals_are_journaled_before_viewers_get_them(tmp_path: Path) 
     config = journaled_source_config(tmp_path)
 
     async def scenario() -> list[Message]:
-        async with (
-            running_daemon(config, audio_input=source) as daemon,
-            connect(url(daemon, "/v1/captions", "source=room")) as viewer,
-        ):
+        async with watched(config, source) as (_, viewer):
             seen: list[Message] = []
             source.feed(tone_bursts([1.0, 1.0]))
             await read_until(viewer, lambda m: len(texts([m])) == 1 and m["segment"] == 1, seen)
