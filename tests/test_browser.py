@@ -576,13 +576,13 @@ def test_reconnect_policy(browser: str) -> None:
     assert high == (625, 1250, 2500, 5000, 10000, 12500, 12500)
 
 
-def test_caption_text_joins_without_spaces_in_scripts_written_without_them(browser: str) -> None:
-    """The live line's stable and unstable parts, and consecutive finals in caption mode: a
-    space between words, none inside a Japanese or Chinese sentence."""
+def test_finals_join_without_spaces_in_chinese_and_japanese(browser: str) -> None:
+    """Consecutive finals in caption mode: a space between them, none between two Japanese or
+    Chinese sentences; Thai parts sentences with a space."""
     script = """import('/transcript.js').then(({ joinText }) => [
         ['病気のため彼', 'はその'], ['保术,', '我们'], ['And so', 'my fellow'], ['Tokyo', '東京'],
         ['できなかった。', '次は'], ['Hello ', 'world'], ['', 'はい'], ['はい', ''],
-        ['مرحبا', 'بالعالم'],
+        ['مرحبا', 'بالعالم'], ['สวัสดีครับ', 'ยินดี'],
     ].map(([a, b]) => joinText(a, b)))"""
     assert asyncio.run(run_in_page(browser, script)) == [
         "病気のため彼はその",
@@ -594,6 +594,64 @@ def test_caption_text_joins_without_spaces_in_scripts_written_without_them(brows
         "はい",
         "はい",
         "مرحبا بالعالم",
+        "สวัสดีครับ ยินดี",
+    ]
+
+
+def test_a_caption_reads_in_the_direction_of_most_of_its_letters(browser: str) -> None:
+    """An Arabic caption that starts with a Latin name reads right to left (dir="auto" goes by
+    its first letter), in the transcript and on the live line; English with an Arabic name
+    reads left to right."""
+    script = """import('/caption-view.js').then(({ CaptionView }) => {
+        const $ = (id) => document.getElementById(id);
+        const view = new CaptionView({
+            scroller: $('captions'), list: $('transcript'), live: $('live'),
+            captionBox: $('caption-box'), announcer: $('announcer'),
+        });
+        const said = ['Python هي لغة برمجة شائعة', 'We met in مراكش today', '42', 'שלום Tom'];
+        return said.map((text, segment) => {
+            view.handle({type: 'partial', segment, rev: 1, start_ms: 0, end_ms: 500,
+                         stable: text, separator: '', unstable: ''});
+            const live = getComputedStyle($('live')).direction;
+            view.handle({type: 'final', segment, start_ms: segment * 1000,
+                         end_ms: segment * 1000 + 900, text});
+            const items = $('transcript').querySelectorAll('.text');
+            return [live, getComputedStyle(items[items.length - 1]).direction];
+        });
+    })"""
+    assert asyncio.run(run_in_page(browser, script)) == [
+        ["rtl", "rtl"],
+        ["ltr", "ltr"],
+        ["ltr", "ltr"],  # no letters: dir="auto", which lays digits out left to right
+        ["rtl", "rtl"],
+    ]
+
+
+def test_the_live_line_joins_a_partial_with_its_separator(browser: str) -> None:
+    """The live line shows `stable`, the partial's `separator`, then `unstable`: no space inside
+    a Japanese sentence or between Chinese and the Latin written onto it, a Thai phrase's."""
+    script = """import('/caption-view.js').then(({ CaptionView }) => {
+        const $ = (id) => document.getElementById(id);
+        const view = new CaptionView({
+            scroller: $('captions'), list: $('transcript'), live: $('live'),
+            captionBox: $('caption-box'), announcer: $('announcer'),
+        });
+        return [
+            ['And so', ' ', 'my fellow'], ['病気のため彼', '', 'はその'], ['我用', '', 'Python写'],
+            ['สวัสดีครับ', ' ', 'ผมชื่อ'], ['', '', 'はい'], ['はい', '', ''],
+        ].map(([stable, separator, unstable], rev) => {
+            view.handle({type: 'partial', segment: 0, rev, start_ms: 0, end_ms: 500,
+                         stable, separator, unstable});
+            return $('live').textContent;
+        });
+    })"""
+    assert asyncio.run(run_in_page(browser, script)) == [
+        "And so my fellow",
+        "病気のため彼はその",
+        "我用Python写",
+        "สวัสดีครับ ผมชื่อ",
+        "はい",
+        "はい",
     ]
 
 

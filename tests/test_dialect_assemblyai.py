@@ -327,7 +327,13 @@ def test_whisper_text_becomes_unformatted_turns_and_one_formatted_final() -> Non
     [begin] = dialect.render(ready(model="m", engine="e"))
     assert json.loads(begin) == {"type": "Begin", "id": "s1", "expires_at": 1000 + 3 * 3600}
     partial = Partial(
-        segment=0, rev=2, start_ms=0, end_ms=900, stable="Hello,", unstable="World! It's"
+        segment=0,
+        rev=2,
+        start_ms=0,
+        end_ms=900,
+        stable="Hello,",
+        separator=" ",
+        unstable="World! It's",
     )
     [interim] = map(json.loads, dialect.render(partial))
     assert interim["transcript"] == "hello"
@@ -352,7 +358,13 @@ def test_the_words_of_a_chinese_turn_are_its_characters() -> None:
     dialect.stream_params("zh")
     dialect.render(ready(model="m", engine="e"))
     partial = Partial(
-        segment=0, rev=1, start_ms=0, end_ms=600, stable="我用Python", unstable="写代码"
+        segment=0,
+        rev=1,
+        start_ms=0,
+        end_ms=600,
+        stable="我用Python",
+        separator="",
+        unstable="写代码",
     )
     [interim] = map(json.loads, dialect.render(partial))
     assert interim["transcript"] == "我用python"

@@ -58,7 +58,7 @@ from captiond.config import Config
 from captiond.dialects.deepgram import DeepgramDialect
 from captiond.engines import Engine
 from captiond.errors import BadAudioError
-from captiond.protocol import Control, Final, Query, SpeechStopped
+from captiond.protocol import Control, Final, Partial, Query, SpeechStopped
 
 FAST = make_config(server={"max_audio_speed": 1e6})
 LINEAR16: dict[str, Any] = {"encoding": "linear16", "sample_rate": RATE}
@@ -547,6 +547,34 @@ def test_the_words_of_a_chinese_sentence_are_its_characters() -> None:
     assert [w["punctuated_word"] for w in written["words"]] == [
         *("加", "进", "38", "年\uff0c", "登", "进", "士。")
     ]
+
+
+@pytest.mark.parametrize(
+    ("stable", "between", "unstable", "transcript"),
+    [
+        ("我用", "", "Python写代码。", "我用Python写代码。"),
+        ("สวัสดีครับ", " ", "ผมชื่อ", "สวัสดีครับ ผมชื่อ"),
+        ("And so", " ", "my fellow", "And so my fellow"),
+    ],
+)
+def test_an_interim_transcript_joins_the_partial_with_its_separator(
+    stable: str, between: str, unstable: str, transcript: str
+) -> None:
+    query = {**LINEAR16, "interim_results": "true", "punctuate": "true"}
+    dialect = DeepgramDialect(Query(urlencode(query)))
+    dialect.render(ready())
+    partial = Partial(
+        segment=0,
+        rev=1,
+        start_ms=0,
+        end_ms=900,
+        stable=stable,
+        separator=between,
+        unstable=unstable,
+    )
+    (frame,) = dialect.render(partial)
+    alternative = ListenV1Results.model_validate_json(frame).channel.alternatives[0]
+    assert alternative.transcript == transcript
 
 
 def test_a_finalize_is_recognised_where_the_stream_stood() -> None:

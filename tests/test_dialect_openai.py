@@ -243,7 +243,13 @@ def test_deltas_add_up_to_the_final_in_a_script_without_spaces() -> None:
     rendered: list[str] = []
     for rev, stable in enumerate(["", "病気のた", "病気のため彼", "病気のため彼はその"], 1):
         partial = protocol.Partial(
-            segment=0, rev=rev, start_ms=0, end_ms=rev * 500, stable=stable, unstable="会合に"
+            segment=0,
+            rev=rev,
+            start_ms=0,
+            end_ms=rev * 500,
+            stable=stable,
+            separator="",
+            unstable="会合に",
         )
         rendered += dialect.render(partial)
     text = "病気のため彼はその会合に出席できなかった。"

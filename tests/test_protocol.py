@@ -216,9 +216,11 @@ _EXPECTED: list[tuple[ServerMessage, str, list[str]]] = [
         ],
     ),
     (
-        Partial(segment=0, rev=1, start_ms=0, end_ms=500, stable="hello", unstable="wor"),
+        Partial(
+            segment=0, rev=1, start_ms=0, end_ms=500, stable="hello", separator=" ", unstable="wor"
+        ),
         "partial",
-        ["segment", "rev", "start_ms", "end_ms", "stable", "unstable", "language"],
+        ["segment", "rev", "start_ms", "end_ms", "stable", "separator", "unstable", "language"],
     ),
     (
         Final(segment=3, start_ms=10, end_ms=2000, text="hello world"),
@@ -267,7 +269,14 @@ def test_json_keeps_non_ascii_text() -> None:
 
 def test_message_values() -> None:
     partial = Partial(
-        segment=2, rev=5, start_ms=30, end_ms=990, stable="a b", unstable="c", language="de"
+        segment=2,
+        rev=5,
+        start_ms=30,
+        end_ms=990,
+        stable="a b",
+        separator=" ",
+        unstable="c",
+        language="de",
     )
     assert partial.to_dict() == {
         "type": "partial",
@@ -276,6 +285,7 @@ def test_message_values() -> None:
         "start_ms": 30,
         "end_ms": 990,
         "stable": "a b",
+        "separator": " ",
         "unstable": "c",
         "language": "de",
     }

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from captiond.audio import Samples
 from captiond.config import Config, StreamConfig, VadConfig
-from captiond.engines import DecodeKind, EngineRequest, EngineResult
+from captiond.engines import DecodeKind, EngineRequest, EngineResult, begins_with_space
 from captiond.engines.fake import FakeEngine
 from captiond.errors import BadAudioError, BadMessageError
 from captiond.protocol import (
@@ -1330,22 +1330,54 @@ def test_an_utterance_without_speech_does_not_change_the_session_language() -> N
     assert [f.language for f in driver.of(Final) if f.text] == ["de", "de"]
 
 
+def saying(partials: list[str], whole: str) -> Decoder:
+    """A decoder that says `partials` in turn, then `whole`, as an engine answers: the text
+    after the request's forced prefix, and whether it began with a space."""
+
+    def decode(request: EngineRequest) -> EngineResult:
+        said = partials.pop(0) if partials and request.kind is DecodeKind.PARTIAL else whole
+        assert said.startswith(request.prefix), (request.prefix, said)
+        new = said[len(request.prefix) :]
+        text = new.strip()
+        probs = (0.9,) * len(units(text))
+        return EngineResult(text=text, unit_probs=probs, spaced=begins_with_space(new))
+
+    return decode
+
+
 def test_a_thai_tone_mark_stays_with_its_character_through_stable_text() -> None:
     """Whisper's tokens split "ค่ะ" into "ค", "่", "ะ": a partial may end at "ค่" and the next
     decode, forced with it, go on with "ะ". Units are whole characters with their marks, so
     the stable text never ends between "ค" and "่", and a decode that goes on with a mark is
     text, not punctuation to leave out: the final keeps "ค่ะ" (polite), not "คะ" (a question)."""
-    whole = "สวัสดีค่ะยินดีที่ได้รู้จัก"  # (without Thai's phrase space: see README)
-    partials = ["สวัสดีค่", "สวัสดีค่ะยิน"]
-
-    def decode(request: EngineRequest) -> EngineResult:
-        said = partials.pop(0) if partials and request.kind is DecodeKind.PARTIAL else whole
-        assert said.startswith(request.prefix), (request.prefix, said)
-        new = said[len(request.prefix) :]  # as an engine answers: the text after the prefix
-        return EngineResult(text=new, unit_probs=(0.9,) * len(units(new)))
-
+    whole = "สวัสดีค่ะ ยินดีที่ได้รู้จัก"
+    decode = saying(["สวัสดีค่", "สวัสดีค่ะ ยิน"], whole)
     driver = Driver(decode, params=StreamParams(language="th"), stream=NO_CONTEXT)
     driver.send(np.concatenate([silence(0.5), tone(3.0), silence(1.0)]))
     driver.control(Control.END)
     assert not any(p.stable.endswith("ค") for p in driver.of(Partial))
-    assert "ค่ะ" in driver.of(Final)[0].text
+    assert driver.of(Final)[0].text == whole
+
+
+@pytest.mark.parametrize(
+    ("language", "partials", "whole", "stable", "between"),
+    [
+        # Latin written onto Chinese: no space, though Latin words have them.
+        ("zh", ["我用Python", "我用Python写代"], "我用Python写代码。", "我用", ""),
+        # A Thai phrase after another: the space that parts them.
+        ("th", ["สวัสดีครับ ผ", "สวัสดีครับ ผมชื่อ"], "สวัสดีครับ ผมชื่อสมชาย", "สวัสดีครับ", " "),
+    ],
+)
+def test_a_partials_separator_is_the_texts_own(
+    language: str, partials: list[str], whole: str, stable: str, between: str
+) -> None:
+    """What a partial's `separator` puts between `stable` and `unstable` is what the decode had
+    there, so the two read as the final will: "我用" "" "Python写代", "สวัสดีครับ" " " "ผมชื่อ"."""
+    said = [*partials, whole]
+    driver = Driver(saying(partials, whole), params=StreamParams(language=language))
+    driver.send(np.concatenate([silence(0.5), tone(3.0), silence(1.0)]))
+    driver.control(Control.END)
+    shown = driver.of(Partial)
+    assert all(p.stable + p.separator + p.unstable in said for p in shown if p.unstable)
+    assert any(p.stable == stable and p.separator == between for p in shown)
+    assert driver.of(Final)[0].text == whole

@@ -12,7 +12,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from captiond.stabilize import LocalAgreement, keep_stable
-from captiond.text import has_word, join_texts, join_units, plain_unit, units, written_after
+from captiond.text import (
+    has_word,
+    join_texts,
+    join_units,
+    plain_unit,
+    separator,
+    units,
+    written_after,
+)
 from captiond_client.display import CaptionPrinter
 
 
@@ -47,6 +55,10 @@ def test_units(text: str, expected: list[str]) -> None:
         ("對於更高階的保術,我們可以", "對於更高階的保術,我們可以"),
         ("2020年に東京で", "2020年に東京で"),
         ("(日本)と", "(日本)と"),
+        # Thai, Lao and Khmer part phrases with a space: it stays.
+        ("สวัสดีครับ ผมชื่อสมชาย", "สวัสดีครับ ผมชื่อสมชาย"),
+        ("ສະບາຍດີ ເຈົ້າ", "ສະບາຍດີ ເຈົ້າ"),
+        ("សួស្តី ពិភពលោក", "សួស្តី ពិភពលោក"),
     ],
 )
 def test_join_units(text: str, joined: str) -> None:
@@ -58,7 +70,9 @@ def test_text_without_spaces_comes_back_as_written(text: str) -> None:
     assert join_units(units(text)) == text
 
 
-@given(st.text(alphabet=st.sampled_from([*"ab .,", "日", "本", "。", "م", "ر"]), max_size=30))
+@given(
+    st.text(alphabet=st.sampled_from([*"ab .,", "日", "本", "。", "م", "ر", "ส", "ค"]), max_size=30)
+)
 def test_join_is_a_fixed_point(text: str) -> None:
     once = join_units(units(text))
     assert join_units(units(once)) == once
@@ -107,6 +121,27 @@ def test_a_plain_unit_loses_punctuation_not_marks(unit: str, plain: str) -> None
 
 
 @pytest.mark.parametrize(
+    ("text", "stable_units", "between"),
+    [
+        ("And so my fellow", 2, " "),
+        ("病気のため彼はその", 6, ""),
+        ("我用Python写", 2, ""),  # Latin written onto Chinese: no space, though Latin has them
+        ("Tokyo 東京 is big", 1, " "),
+        ("สวัสดีครับ ผมชื่อสมชาย", 7, " "),  # Thai's phrase space
+        ("สวัสดีครับ ผมชื่อสมชาย", 4, ""),  # inside a Thai phrase
+        ("And so", 2, ""),  # nothing after
+    ],
+)
+def test_a_partials_separator_is_what_the_text_had_there(
+    text: str, stable_units: int, between: str
+) -> None:
+    parts = units(text)
+    stable, unstable = parts[:stable_units], parts[stable_units:]
+    assert separator(join_units(stable), unstable[0] if unstable else "") == between
+    assert join_units(stable) + between + join_units(unstable) == join_units(parts)
+
+
+@pytest.mark.parametrize(
     ("texts", "joined"),
     [
         (["And so.", "Ask not"], "And so. Ask not"),
@@ -114,6 +149,7 @@ def test_a_plain_unit_loses_punctuation_not_marks(unit: str, plain: str) -> None
         (["加进38年", "登进士"], "加进38年登进士"),
         (["Tokyo", "東京"], "Tokyo 東京"),
         (["", "はい", ""], "はい"),
+        (["สวัสดีครับ", "ยินดีที่ได้รู้จัก"], "สวัสดีครับ ยินดีที่ได้รู้จัก"),  # Thai parts sentences
     ],
 )
 def test_join_texts(texts: list[str], joined: str) -> None:
@@ -158,6 +194,25 @@ class _Terminal(io.StringIO):
 
 
 @pytest.mark.parametrize(
+    ("stable", "between", "unstable", "shown"),
+    [
+        ("And so", " ", "my fellow", "And so my fellow"),
+        ("病気のため彼", "", "はその", "病気のため彼はその"),
+        ("我用", "", "Python写", "我用Python写"),
+        ("สวัสดีครับ", " ", "ผมชื่อ", "สวัสดีครับ ผมชื่อ"),
+        ("", "", "はい", "はい"),
+    ],
+)
+def test_the_terminal_client_joins_a_partial_with_its_separator(
+    stable: str, between: str, unstable: str, shown: str
+) -> None:
+    out = _Terminal()
+    partial = {"type": "partial", "stable": stable, "separator": between, "unstable": unstable}
+    CaptionPrinter(out)(partial)
+    assert re.sub(r"\x1b\[[0-9;]*[A-Za-z]|\r", "", out.getvalue()) == shown
+
+
+@pytest.mark.parametrize(
     ("stable", "unstable", "shown"),
     [
         ("And so", "my fellow", "And so my fellow"),
@@ -165,14 +220,14 @@ class _Terminal(io.StringIO):
         ("できなかった。", "次は", "できなかった。次は"),
         ("Tokyo", "東京", "Tokyo 東京"),
         ("保术,", "我们", "保术,我们"),
-        ("สวัสดี", "ครับ", "สวัสดีครับ"),  # Thai is written without spaces too
         ("Привет,", "мир", "Привет, мир"),
         ("", "はい", "はい"),
     ],
 )
-def test_the_terminal_client_joins_a_partial_as_its_script_is_written(
+def test_the_terminal_client_joins_an_older_daemons_partial_as_its_script_is_written(
     stable: str, unstable: str, shown: str
 ) -> None:
+    """A daemon before `separator`: a space unless both sides are Chinese or Japanese."""
     out = _Terminal()
     CaptionPrinter(out)({"type": "partial", "stable": stable, "unstable": unstable})
     assert re.sub(r"\x1b\[[0-9;]*[A-Za-z]|\r", "", out.getvalue()) == shown

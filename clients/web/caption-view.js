@@ -6,7 +6,7 @@
 // (for a room screen) rolls the newest few lines in a box of fixed height: CSS keeps only
 // its bottom lines, so this file only has to keep enough recent text in it.
 
-import { Transcript, formatClock, joinText } from "./transcript.js";
+import { Transcript, formatClock, joinText, textDirection } from "./transcript.js";
 
 // Recent finals kept in the caption box: more than its largest lines-worth of text.
 const CAPTION_FINALS = 6;
@@ -30,7 +30,7 @@ export class CaptionView {
       // After its segment's final (a misbehaving peer, or a late replay) a partial is stale.
       if (msg.segment < this.transcript.nextSegment) return true;
       this.liveSegment = msg.segment;
-      this.setLive(msg.stable, msg.unstable);
+      this.setLive(msg.stable, msg.separator, msg.unstable);
       return true;
     }
     if (msg.type === "final") {
@@ -46,7 +46,7 @@ export class CaptionView {
   // they are not left on screen as if they were current.
   clearLive() {
     this.liveSegment = null;
-    this.setLive("", "");
+    this.setLive("", "", "");
   }
 
   clear({ keepSession }) {
@@ -82,17 +82,19 @@ export class CaptionView {
     this.renderCaptions();
     const line = document.createElement("p");
     line.textContent = entry.text;
-    line.dir = "auto";
+    line.dir = textDirection(entry.text);
     if (entry.language) line.lang = entry.language;
     this.announcer.append(line);
     while (this.announcer.childElementCount > ANNOUNCED_FINALS) this.announcer.firstElementChild.remove();
   }
 
-  setLive(stable, unstable) {
-    // The unstable tail with the space that joins it to the stable text, if one belongs there.
-    const tail = joinText(stable, unstable).slice(stable.length);
+  // `separator`: what the daemon says goes between the two parts (a space, or none where the text
+  // has none: Chinese and Japanese, inside a Thai phrase, "我用" + "Python写").
+  setLive(stable, separator, unstable) {
+    const tail = stable && unstable ? separator + unstable : unstable;
     this.keepScrolled(() => {
       for (const line of [this.live, this.captionBox.querySelector(".now")]) {
+        line.dir = textDirection(stable + tail);
         line.querySelector(".stable").textContent = stable;
         line.querySelector(".unstable").textContent = tail;
         line.hidden = !(stable || unstable);
@@ -102,7 +104,9 @@ export class CaptionView {
 
   renderCaptions() {
     const recent = this.transcript.entries.slice(-CAPTION_FINALS);
-    this.captionBox.querySelector(".said").textContent = recent.map((entry) => entry.text).reduce(joinText, "");
+    const said = this.captionBox.querySelector(".said");
+    said.textContent = recent.map((entry) => entry.text).reduce(joinText, "");
+    said.dir = textDirection(said.textContent);
   }
 
   item(entry) {
@@ -115,7 +119,7 @@ export class CaptionView {
     text.textContent = entry.text;
     // Each caption reads in its own direction (Arabic, Hebrew) and is announced and rendered
     // in its own language; the language shows under the time (with ?language=auto it varies).
-    text.dir = "auto";
+    text.dir = textDirection(entry.text);
     if (entry.language) {
       text.lang = entry.language;
       time.dataset.lang = entry.language;

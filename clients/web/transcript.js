@@ -23,16 +23,34 @@ export function formatVttTime(ms) {
   return `${pad(h, 2)}:${pad(m, 2)}:${pad(s, 2)}.${pad(ms % 1000, 3)}`;
 }
 
-// Scripts written without spaces between words (as daemon/captiond/text.py lists them).
-const NO_SPACE = /[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u2e80-\u2fdf\u3000-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef\u{20000}-\u{3ffff}]/u;
+// Chinese and Japanese: no space goes between two of their characters (as daemon/captiond/text.py
+// lists them; Thai, Lao, Khmer and Burmese part sentences with a space).
+const UNSPACED = /[\u2e80-\u2fdf\u3000-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef\u{20000}-\u{3ffff}]/u;
 
-// Two pieces of caption text as one: a space between them, as between words, except where both
-// sides are characters of a script without spaces (whatever punctuation ends the first):
-// Japanese stable "病気のため彼" and unstable "はその" read as one sentence.
+// Two finals as one text: a space between them, as between words and sentences, except where
+// both sides are Chinese or Japanese characters (whatever punctuation ends the first):
+// "できなかった。" and "次は" read as one text.
 export function joinText(first, second) {
   if (!first || !second || /\s$/.test(first) || /^\s/.test(second)) return first + second;
   const last = [...first.replace(/\p{P}+$/u, "")].pop() ?? "";
-  return NO_SPACE.test(last) && NO_SPACE.test([...second][0]) ? first + second : `${first} ${second}`;
+  return UNSPACED.test(last) && UNSPACED.test([...second][0]) ? first + second : `${first} ${second}`;
+}
+
+// Letters of the scripts written right to left.
+const RTL_LETTER = /[\p{Script=Arabic}\p{Script=Hebrew}\p{Script=Syriac}\p{Script=Thaana}\p{Script=Nko}\p{Script=Adlam}]/u;
+
+// The direction a caption reads in: that of most of its letters. dir="auto" goes by the first
+// letter alone, which lays an Arabic caption that starts with a Latin name out left to right.
+export function textDirection(text) {
+  let rtl = 0;
+  let letters = 0;
+  for (const char of text) {
+    if (!/\p{L}/u.test(char)) continue;
+    letters += 1;
+    if (RTL_LETTER.test(char)) rtl += 1;
+  }
+  if (!letters) return "auto";
+  return 2 * rtl > letters ? "rtl" : "ltr";
 }
 
 export class Transcript {

@@ -295,6 +295,9 @@ class Partial(ServerMessage):
     start_ms: int
     end_ms: int
     stable: str
+    # What goes between `stable` and `unstable` shown together: " ", or "" where the text has
+    # no space there (Chinese and Japanese, inside a Thai phrase, "我用" + "Python写").
+    separator: str
     unstable: str
     language: str | None = None  # spoken (detected with ?language=auto)
 

@@ -63,6 +63,7 @@ from captiond.text import (
     join_texts,
     join_units,
     only_punctuation,
+    separator,
     units,
     written_after,
 )
@@ -650,13 +651,15 @@ class StreamSession:
     ) -> None:
         split = utt.agreement.update(text, sure)
         utt.rev += 1
+        stable = join_units(split.stable)
         self._outbox.append(
             Partial(
                 segment=self._segment_of(utt),
                 rev=utt.rev,
                 start_ms=samples_to_ms(request.start_sample),
                 end_ms=samples_to_ms(request.end_sample),
-                stable=join_units(split.stable),
+                stable=stable,
+                separator=separator(stable, split.unstable[0] if split.unstable else ""),
                 unstable=join_units(split.unstable),
                 language=utt.language,
             )

@@ -2,13 +2,15 @@
 
 Stable text, forced prefixes and word counts work on units. Splitting on spaces is right for
 scripts that separate words (Latin, Cyrillic, Greek, Arabic, Hebrew, Hangul, …) and wrong for
-Chinese, Japanese and Thai, where a sentence has no spaces: there every character is a unit, so
-LocalAgreement can agree on a growing prefix of a Japanese sentence as it does on English words.
-Punctuation stays attached to the unit before it, and so does a combining mark (a Thai tone or
-vowel mark is no unit of its own: a stable text never ends between "ค" and its "่").
-`join_units` is the inverse: it gives back the
-text as written ("2020年", "我用Python写", "保术,我们" keep their lack of spaces), except that a
-stray space between two characters of such a script goes.
+Chinese, Japanese and Thai, where a sentence has no spaces between its words: there every
+character is a unit, so LocalAgreement can agree on a growing prefix of a Japanese sentence as
+it does on English words. Punctuation stays attached to the unit before it, and so does a
+combining mark (a Thai tone or vowel mark is no unit of its own: a stable text never ends
+between "ค" and its "่").
+`join_units` is the inverse: it gives back the text as written ("2020年", "我用Python写",
+"保术,我们" keep their lack of spaces; Thai, Lao, Khmer and Burmese keep the spaces that part
+their phrases and sentences), except that a stray space between two Chinese or Japanese
+characters goes.
 """
 
 from __future__ import annotations
@@ -16,11 +18,16 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Iterable, Sequence
 
-# Scripts written without spaces between words, and their punctuation (code point ranges).
-_NO_SPACE_RANGES = (
+# Scripts whose sentences have no spaces between words, so each character is a unit. Thai,
+# Lao, Burmese and Khmer part phrases and sentences with a space, which is kept as written.
+_PHRASE_SPACED_RANGES = (
     (0x0E00, 0x0EFF),  # Thai, Lao
     (0x1000, 0x109F),  # Myanmar
     (0x1780, 0x17FF),  # Khmer
+)
+# Chinese and Japanese (and their punctuation) use no spaces at all: one between two of their
+# characters is stray (Whisper writes some), and two texts in them join with none.
+_UNSPACED_RANGES = (
     (0x2E80, 0x2FDF),  # CJK radicals
     (0x3000, 0x30FF),  # CJK punctuation, Hiragana, Katakana
     (0x3100, 0x31FF),  # Bopomofo, Katakana extensions
@@ -32,12 +39,20 @@ _NO_SPACE_RANGES = (
 )
 
 
-def _no_space(char: str) -> bool:
+def _in(char: str, ranges: tuple[tuple[int, int], ...]) -> bool:
     code = ord(char)
     # Below Thai every script separates words: most text never reaches the range scan.
-    return code >= _NO_SPACE_RANGES[0][0] and any(
-        low <= code <= high for low, high in _NO_SPACE_RANGES
-    )
+    return code >= 0x0E00 and any(low <= code <= high for low, high in ranges)
+
+
+def _no_space(char: str) -> bool:
+    """A character of a script without spaces between words: a unit of its own."""
+    return _in(char, _UNSPACED_RANGES) or _in(char, _PHRASE_SPACED_RANGES)
+
+
+def _unspaced(char: str) -> bool:
+    """A Chinese or Japanese character: no space goes next to another one."""
+    return _in(char, _UNSPACED_RANGES)
 
 
 def _punctuation(char: str) -> bool:
@@ -130,10 +145,20 @@ def _last_letter(text: str) -> str:
 
 
 def joins_without_space(first: str, second: str) -> bool:
-    """Whether `second` is written right after `first`: both sides are characters of a script
-    without spaces, whatever punctuation ends `first` ("保术," + "我们"). The protocol's rule for
-    showing a partial's `stable` and `unstable` together."""
-    return bool(first and second) and _no_space(second[0]) and _no_space(_last_letter(first))
+    """Whether `second` is written right after `first` when nothing says how they were
+    written: both sides are Chinese or Japanese characters, whatever punctuation ends `first`
+    ("保术," + "我们"). Finals join by this rule; a Thai final after another keeps a space, as
+    Thai parts sentences."""
+    return bool(first and second) and _unspaced(second[0]) and _unspaced(_last_letter(first))
+
+
+def separator(first: str, unit: str) -> str:
+    """What `join_units` writes between the text `first` and the `unit` after it: "" where the
+    unit was written glued to it or both sides are Chinese or Japanese, else " " ("" when
+    either is empty). A partial's `separator` between its `stable` and `unstable`."""
+    if not first or not unit or getattr(unit, "glued", False) or joins_without_space(first, unit):
+        return ""
+    return " "
 
 
 def written_after(previous: str, unit: str) -> str:
@@ -156,12 +181,8 @@ def join_texts(texts: Iterable[str]) -> str:
 
 def join_units(parts: Sequence[str]) -> str:
     """Units back into text: a space between words, none before a unit that was written glued
-    to the one before it, none between two characters of a no-space script
-    (`joins_without_space`)."""
+    to the one before it, none between two Chinese or Japanese characters (`separator`)."""
     text = ""
     for part in parts:
-        glued = getattr(part, "glued", False) or joins_without_space(text, part)
-        if text and not glued:
-            text += " "
-        text += part
+        text += separator(text, part) + part
     return text

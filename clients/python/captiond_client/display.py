@@ -36,7 +36,10 @@ class CaptionPrinter:
         if self._json:
             print(json.dumps(message, ensure_ascii=False), file=self._out, flush=True)
         elif kind == "partial" and self._tty:
-            self._show_partial(message["stable"], message["unstable"])
+            stable, unstable = message["stable"], message["unstable"]
+            # A daemon before `separator`: the rule it followed (text.py).
+            space = " " if stable and unstable and not joins_without_space(stable, unstable) else ""
+            self._show_partial(stable, message.get("separator", space), unstable)
         elif kind == "final":
             self._clear()
             if message.get("text"):
@@ -45,11 +48,9 @@ class CaptionPrinter:
         elif kind == "error":
             self._clear()  # its StreamError follows, and the command prints that once
 
-    def _show_partial(self, stable: str, unstable: str) -> None:
+    def _show_partial(self, stable: str, space: str, unstable: str) -> None:
+        """The live line: `stable`, then `space` (the partial's separator), then `unstable`."""
         width = shutil.get_terminal_size().columns - 1
-        # The daemon's rule (text.py): no space between two characters of Chinese, Japanese,
-        # Thai and the other scripts written without spaces.
-        space = " " if stable and unstable and not joins_without_space(stable, unstable) else ""
         text = f"{stable}{space}{unstable}"
         # Keep the newest words visible: trim from the left when the line is too long.
         overflow = max(0, len(text) - width)

@@ -297,7 +297,7 @@ class DeepgramDialect:
             key = f"captiond/{message.engine}/{message.model}"
             self._model_uuid = str(uuid.uuid5(uuid.NAMESPACE_URL, key))
         elif isinstance(message, Partial) and opts.interim_results:
-            text = f"{message.stable} {message.unstable}"
+            text = message.stable + message.separator + message.unstable
             return [self._results(message, text, final=False)]
         elif isinstance(message, SpeechStarted) and opts.vad_events:
             started = {
