@@ -16,9 +16,14 @@ const query = new URLSearchParams(location.search);
 const watchName = query.get("watch");
 // A daemon with [auth] token: open the page as /?token=… and the sockets carry it along.
 const token = query.get("token");
-// Audio captured while no session could take it, sent to a new session: at most this much,
-// below the daemon's default `audio_burst_s` (60 s) so the burst is not refused.
+// Audio captured while no session could take it, sent to a new session: at most this much
+// (more would keep its captions that far behind).
 const FRESH_RESEND_MS = 50_000;
+// The daemon refuses audio sent faster than its `ready` says (`audio_burst_s` ahead of
+// `max_audio_speed` times real time, counted anew for a session taken back from its journal):
+// a backlog is sent at this share of that, counted from the connection (the page's clock
+// starts after the daemon's), so it is paced instead of refused as rate_limited.
+const SEND_SHARE = 0.8;
 const INFO_NOTICE_MS = 15_000;
 // States in which no session runs: Start is offered.
 const IDLE_STATES = ["idle", "done", "stopped", "error"];
@@ -140,7 +145,7 @@ const isRestart = (info) => info.error?.code === "shutting_down" || info.code ==
 //
 // Byte offsets count the audio captured since Start (`pcm`): `base` is where the daemon's
 // session began, `sent` how far this connection sent, `freshFrom` where a new session would
-// begin (after the audio a dropped one took).
+// begin (after the audio a dropped one took). `pace` is this connection's send budget.
 
 async function startMicrophone() {
   hideNotice();
@@ -154,7 +159,7 @@ async function startMicrophone() {
     showNotice(err.message);
     return;
   }
-  const m = { stream, pcm: new PcmBuffer(), base: 0, sent: 0, freshFrom: 0, sessions: 0, token: null, resumeS: 0 };
+  const m = { stream, pcm: new PcmBuffer(), base: 0, sent: 0, freshFrom: 0, sessions: 0, token: null, resumeS: 0, pace: null };
   m.link = new Link(() => streamUrl(m), {
     hello: (msg) => micHello(m, msg),
     message: (msg) => micMessage(m, msg),
@@ -196,9 +201,8 @@ function streamUrl(m) {
 }
 
 function micAudio(m, pcm, dbfs) {
-  const at = m.pcm.end;
   m.pcm.push(pcm);
-  if (m.sent === at && m.link.send(pcm)) m.sent = m.pcm.end;
+  if (!m.pace?.timer) sendAudio(m);
   setClock(Math.round(bytesToMs(m.pcm.end - m.base)));
   setLevel(dbfs);
 }
@@ -232,15 +236,39 @@ function micHello(m, msg) {
   m.lost = null;
   m.restarting = false;
   if (m.ended) return setState("stopping", "finishing"); // the last finals and `done` follow
-  for (const pcm of m.pcm.from(from)) m.link.send(pcm);
-  m.sent = m.pcm.end;
-  if (m.stopping) {
-    // Stopped during the drop and the daemon never got the `end`: the rest of the audio, then it.
-    sendEnd(m);
-    setState("stopping", "finishing");
-  } else {
-    setState("live", "live");
+  clearTimeout(m.pace?.timer);
+  m.pace = {
+    since: performance.now(),
+    sentBytes: 0,
+    burstBytes: SEND_SHARE * msToBytes((msg.audio_burst_s ?? 60) * 1000),
+    bytesPerMs: SEND_SHARE * (msg.max_audio_speed ?? 10) * (msToBytes(1000) / 1000),
+    timer: null,
+  };
+  m.sent = from;
+  // Stopped during the drop and the daemon never got the `end`: the rest of the audio, then it.
+  if (m.stopping) setState("stopping", "finishing");
+  else setState("live", "live");
+  sendAudio(m);
+}
+
+// Sends what this connection has not sent, as fast as `pace` allows (the rest when it does),
+// then Stop's `end` if it is due.
+function sendAudio(m) {
+  const pace = m.pace;
+  if (!pace) return; // no session yet
+  pace.timer = null;
+  for (const pcm of m.pcm.from(m.sent)) {
+    const elapsedMs = performance.now() - pace.since;
+    const shortBytes = pace.sentBytes + pcm.byteLength - pace.burstBytes - elapsedMs * pace.bytesPerMs;
+    if (shortBytes > 0) {
+      pace.timer = setTimeout(() => sendAudio(m), shortBytes / pace.bytesPerMs);
+      return;
+    }
+    if (!m.link.send(pcm)) return;
+    pace.sentBytes += pcm.byteLength;
+    m.sent += pcm.byteLength;
   }
+  if (m.endDue) sendEnd(m);
 }
 
 // What the user reads as a session starts: why a new one replaced a lost one, and whether
@@ -270,6 +298,8 @@ function micMessage(m, msg) {
 
 function micDown(m, info) {
   view.clearLive();
+  clearTimeout(m.pace?.timer);
+  m.pace = null; // nothing goes out until the next session's hello
   if (info.greeted) {
     m.downAt = Date.now();
     m.freshFrom = m.sent;
@@ -325,8 +355,10 @@ async function stopMicrophone() {
   sendEnd(m);
 }
 
+// Stop's {"type":"end"}: due once the microphone is released, sent (once) after all its audio.
 function sendEnd(m) {
-  m.ended = m.sent === m.pcm.end && m.link.send(JSON.stringify({ type: "end" }));
+  m.endDue = true;
+  if (!m.ended) m.ended = m.sent === m.pcm.end && m.link.send(JSON.stringify({ type: "end" }));
 }
 
 function releaseMicrophone(m) {
