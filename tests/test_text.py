@@ -114,6 +114,7 @@ def test_a_chinese_final_keeps_the_stable_characters() -> None:
         ("हिंदी", "हिंदी"),
         ("বাংলায়", "বাংলায়"),
         ("ที่", "ที่"),
+        ("İstanbul'da,", "istanbul'da"),  # not "i̇stanbul'da", with a combining dot
     ],
 )
 def test_a_plain_unit_loses_punctuation_not_marks(unit: str, plain: str) -> None:
@@ -230,4 +231,26 @@ def test_the_terminal_client_joins_an_older_daemons_partial_as_its_script_is_wri
     """A daemon before `separator`: a space unless both sides are Chinese or Japanese."""
     out = _Terminal()
     CaptionPrinter(out)({"type": "partial", "stable": stable, "unstable": unstable})
+    assert re.sub(r"\x1b\[[0-9;]*[A-Za-z]|\r", "", out.getvalue()) == shown
+
+
+@pytest.mark.parametrize(
+    ("stable", "unstable", "shown"),
+    [
+        # Chinese characters take two columns each: the newest 10 fit in 20.
+        ("我们今天讨论", "项目的进度安排", "天讨论项目的进度安排"),
+        ("", "项目的进度安排和下一步的计划", "度安排和下一步的计划"),
+        ("And so my fellow Americans", "ask not", "ow Americans ask not"),
+    ],
+)
+def test_the_terminal_clients_live_line_fits_the_terminals_columns(
+    monkeypatch: pytest.MonkeyPatch, stable: str, unstable: str, shown: str
+) -> None:
+    """A line that wraps cannot be redrawn in place: the live line keeps its newest text
+    within the terminal's width, counted in columns (a Chinese character takes two)."""
+    monkeypatch.setenv("COLUMNS", "21")  # 20 columns for text
+    out = _Terminal()
+    separator = " " if stable and unstable[0].isascii() else ""
+    partial = {"type": "partial", "stable": stable, "separator": separator, "unstable": unstable}
+    CaptionPrinter(out)(partial)
     assert re.sub(r"\x1b\[[0-9;]*[A-Za-z]|\r", "", out.getvalue()) == shown

@@ -106,7 +106,9 @@ def plain_unit(unit: str) -> str:
         start += 1
     while end > start and _edge(unit[end - 1]):
         end -= 1
-    return _unit(unit[start:end].lower(), getattr(unit, "glued", False))
+    # Turkish and Azerbaijani İ is i (Python lower-cases it to "i" + a combining dot above).
+    plain = unit[start:end].replace("İ", "i").lower()
+    return _unit(plain, getattr(unit, "glued", False))
 
 
 def units(text: str) -> list[str]:

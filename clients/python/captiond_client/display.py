@@ -10,6 +10,7 @@ import html
 import json
 import shutil
 import sys
+import unicodedata
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -52,11 +53,11 @@ class CaptionPrinter:
         """The live line: `stable`, then `space` (the partial's separator), then `unstable`."""
         width = shutil.get_terminal_size().columns - 1
         text = f"{stable}{space}{unstable}"
-        # Keep the newest words visible: trim from the left when the line is too long.
-        overflow = max(0, len(text) - width)
-        stable_shown = stable[overflow:] if overflow < len(stable) else ""
-        unstable_shown = unstable[max(0, overflow - len(stable) - len(space)) :]
-        line = f"{BOLD}{stable_shown}{RESET}{space}{DIM}{unstable_shown}{RESET}"
+        # Keep the newest words visible: trim from the left when the line is too long (a line
+        # that wraps could not be redrawn in place).
+        cut = len(text) - len(_tail(text, width))
+        rest = f"{space}{unstable}"[max(0, cut - len(stable)) :]
+        line = f"{BOLD}{stable[cut:]}{RESET}{DIM}{rest}{RESET}"
         print(f"{CLEAR_LINE}{line}", end="", file=self._out, flush=True)
         self._partial_shown = True
 
@@ -64,6 +65,24 @@ class CaptionPrinter:
         if self._partial_shown and self._tty:
             print(CLEAR_LINE, end="", file=self._out, flush=True)
             self._partial_shown = False
+
+
+def _columns(char: str) -> int:
+    """Terminal columns `char` takes: two for a wide or full-width character (Chinese,
+    Japanese, Korean), none for a combining mark."""
+    if unicodedata.combining(char) or unicodedata.category(char) in ("Mn", "Me", "Cf"):
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+
+
+def _tail(text: str, columns: int) -> str:
+    """The end of `text` that fits in `columns` terminal columns."""
+    used = 0
+    for i in range(len(text) - 1, -1, -1):
+        used += _columns(text[i])
+        if used > columns:
+            return text[i + 1 :]
+    return text
 
 
 def format_clock(ms: int, sep: str = ".") -> str:
