@@ -38,7 +38,7 @@ class CaptionPrinter:
             print(json.dumps(message, ensure_ascii=False), file=self._out, flush=True)
         elif kind == "partial" and self._tty:
             stable, unstable = message["stable"], message["unstable"]
-            # A daemon before `separator`: the rule it followed (text.py).
+            # A daemon before `separator`: a space unless both sides are Chinese or Japanese.
             space = " " if stable and unstable and not joins_without_space(stable, unstable) else ""
             self._show_partial(stable, message.get("separator", space), unstable)
         elif kind == "final":
