@@ -627,6 +627,31 @@ def test_a_caption_reads_in_the_direction_of_most_of_its_letters(browser: str) -
     ]
 
 
+@pytest.mark.parametrize("translated", [False, True])
+def test_a_caption_is_marked_with_the_language_it_is_written_in(
+    browser: str, translated: bool
+) -> None:
+    """German speech is German text, or English with ?task=translate (a screen reader reads it
+    as English); the language spoken still shows under the time."""
+    script = """import('/caption-view.js').then(({ CaptionView }) => {
+        const $ = (id) => document.getElementById(id);
+        const view = new CaptionView({
+            scroller: $('captions'), list: $('transcript'), live: $('live'),
+            captionBox: $('caption-box'), announcer: $('announcer'), translated: TRANSLATED,
+        });
+        view.handle({type: 'partial', segment: 0, rev: 1, start_ms: 0, end_ms: 500,
+                     stable: 'Hello', separator: ' ', unstable: 'world', language: 'de'});
+        const live = $('live').lang;
+        view.handle({type: 'final', segment: 0, start_ms: 0, end_ms: 900, text: 'Hello world.',
+                     language: 'de'});
+        const item = $('transcript').lastElementChild;
+        return [live, item.querySelector('.text').lang, item.querySelector('time').dataset.lang,
+                $('announcer').lastElementChild.lang];
+    })""".replace("TRANSLATED", "true" if translated else "false")
+    written = "en" if translated else "de"
+    assert asyncio.run(run_in_page(browser, script)) == [written, written, "de", written]
+
+
 def test_the_live_line_joins_a_partial_with_its_separator(browser: str) -> None:
     """The live line shows `stable`, the partial's `separator`, then `unstable`: no space inside
     a Japanese sentence or between Chinese and the Latin written onto it, a Thai phrase's."""

@@ -45,7 +45,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from captiond.dialects.assemblyai import AssemblyAIDialect
-from captiond.engines import Engine
+from captiond.engines import Engine, EngineInfo
 from captiond.errors import (
     BadMessageError,
     EngineFailedError,
@@ -380,14 +380,47 @@ def test_the_words_of_a_chinese_turn_are_its_characters() -> None:
     assert [w["text"] for w in formatted["words"]][-1] == "码。"
 
 
-def test_an_english_only_model_refuses_an_update_to_another_language() -> None:
+def test_an_update_to_a_language_the_model_cannot_caption_is_refused() -> None:
     dialect = AssemblyAIDialect({"sample_rate": "16000"})
-    dialect.stream_params("en", "tiny.en")
+    dialect.stream_params("en", EngineInfo("fake", "tiny.en", False, 8).check_can)
     update = {"type": "UpdateConfiguration", "language_codes": ["es"]}
     with pytest.raises(BadMessageError, match=r"tiny\.en is English-only"):
         dialect.receive(json.dumps(update))
     english = dialect.receive(json.dumps({**update, "language_codes": ["en"]}))
     assert english.language == "en"
+    # Cantonese on a model before large-v3, as base.
+    base = EngineInfo("fake", "base", True, 8, frozenset({"en", "zh"}))
+    dialect.stream_params("en", base.check_can)
+    with pytest.raises(BadMessageError, match="does not know language 'yue'"):
+        dialect.receive(json.dumps({**update, "language_codes": ["yue"]}))
+
+
+@pytest.mark.parametrize(
+    ("query", "language", "variant"),
+    [
+        ({"language_code": "zh-TW"}, "zh", "zh-TW"),  # the script of Chinese stays
+        ({"language_codes": '["zh_TW"]'}, "zh", "zh-TW"),
+        ({"language_code": "en_us"}, "en", None),
+        # Every AssemblyAI model but the English one detects the language when none is named.
+        ({"speech_model": "universal-streaming-multilingual"}, "auto", None),
+        ({"speech_model": "whisper-rt"}, "auto", None),
+        ({"speech_model": "u3-rt-pro"}, "auto", None),
+        ({"speech_model": "universal-streaming-english"}, "en", None),
+        ({"speech_model": "whisper-rt", "language_code": "de"}, "de", None),
+    ],
+)
+def test_the_stream_language_from_assemblyais_parameters(
+    query: dict[str, str], language: str, variant: str | None
+) -> None:
+    params = AssemblyAIDialect({"sample_rate": "16000", **query}).stream_params("fr")
+    assert (params.language, params.chinese_variant) == (language, variant)
+
+
+def test_an_update_to_traditional_chinese_keeps_its_script() -> None:
+    dialect = AssemblyAIDialect({"sample_rate": "16000"})
+    dialect.stream_params("en")
+    update = {"type": "UpdateConfiguration", "language_codes": ["zh-TW"]}
+    assert dialect.receive(json.dumps(update)).language == "zh-TW"
 
 
 def test_update_configuration_and_query_parameters() -> None:

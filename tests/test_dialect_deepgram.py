@@ -56,7 +56,7 @@ from websockets.http11 import Response
 
 from captiond.config import Config
 from captiond.dialects.deepgram import DeepgramDialect
-from captiond.engines import Engine
+from captiond.engines import Engine, EngineInfo
 from captiond.errors import BadAudioError
 from captiond.protocol import Control, Final, Partial, Query, SpeechStopped
 
@@ -646,4 +646,21 @@ def test_deepgrams_language_tags_name_the_script_of_chinese(
 ) -> None:
     dialect = DeepgramDialect(Query(urlencode({**LINEAR16, "language": language})))
     params = dialect.stream_params("en")
+    assert (params.language, params.chinese_variant) == (decoded, variant)
+
+
+@pytest.mark.parametrize(
+    ("known", "decoded", "variant"),
+    [
+        (frozenset({"zh", "yue"}), "yue", None),  # large-v3 on
+        (frozenset({"zh"}), "zh", "zh-HK"),  # base: Cantonese as Chinese, in Hong Kong script
+    ],
+)
+def test_zh_hk_is_cantonese_where_the_model_has_it(
+    known: frozenset[str], decoded: str, variant: str | None
+) -> None:
+    """Deepgram's zh-HK is Cantonese (traditional characters), not Mandarin."""
+    model = EngineInfo("fake", "large-v3" if "yue" in known else "base", True, 8, known)
+    dialect = DeepgramDialect(Query(urlencode({**LINEAR16, "language": "zh-HK"})))
+    params = dialect.stream_params("en", model.check_can)
     assert (params.language, params.chinese_variant) == (decoded, variant)

@@ -23,6 +23,7 @@ import pytest
 from conftest import read_wav_int16
 from daemon_harness import (
     Exchange,
+    RecordingEngine,
     check_invariants,
     collect,
     make_config,
@@ -500,6 +501,24 @@ def test_a_language_the_model_cannot_caption_is_refused_when_the_stream_opens() 
         assert words in refused.of("error")[0]["message"] and refused.close_code == 1008
     assert deepgram == 400
     assert auto.of("final") and auto.of("done"), "auto on an English-only model is English"
+
+
+def test_auto_on_an_english_only_model_is_english_from_the_first_partial() -> None:
+    """There is nothing to detect: no utterance waits `language_detect_s` (3 s) of its audio
+    for a first partial, and no decode asks the engine to detect."""
+    engine = RecordingEngine(multilingual=False)
+
+    async def scenario() -> Exchange:
+        async with running_daemon(engine=engine) as daemon:
+            pcm = tone_bursts([4.0])
+            return await stream_pcm(url(daemon, query="language=auto"), pcm, pause_s=0.01)
+
+    auto = run(scenario())
+    (started,) = auto.of("speech_started")
+    first = auto.of("partial")[0]
+    assert first["end_ms"] - started["start_ms"] < 3000, "held back for a language detection"
+    assert {m["language"] for m in auto.of("partial") + auto.of("final")} == {"en"}
+    assert None not in engine.languages
 
 
 # -- fuzzing beside an honest stream ------------------------------------------------------------

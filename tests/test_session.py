@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 
 from captiond.audio import Samples
 from captiond.config import Config, StreamConfig, VadConfig
-from captiond.engines import DecodeKind, EngineRequest, EngineResult, begins_with_space
+from captiond.engines import (
+    DecodeKind,
+    EngineRequest,
+    EngineResult,
+    begins_with_space,
+    choose_language,
+)
 from captiond.engines.fake import FakeEngine
 from captiond.errors import BadAudioError, BadMessageError
 from captiond.protocol import (
@@ -27,7 +33,7 @@ from captiond.protocol import (
     SpeechStopped,
     StreamParams,
 )
-from captiond.session import DecodeRequest, SessionState, StreamSession
+from captiond.session import DecodeRequest, SessionState, StreamOrigin, StreamSession
 from captiond.text import units
 
 RATE = 16_000
@@ -80,12 +86,14 @@ class Driver:
         params: StreamParams | None = None,
         stream: StreamConfig | None = None,
         vad: VadConfig | None = None,
+        origin: StreamOrigin | None = None,
     ) -> None:
         config = Config(stream=stream or StreamConfig(), vad=vad or VadConfig())
         self.session = StreamSession(
             config=config,
             vad=LevelVad(),
             params=params or StreamParams(),
+            origin=origin,
             partials=partials,
             early_finals=early_finals,
         )
@@ -1328,6 +1336,62 @@ def test_an_utterance_without_speech_does_not_change_the_session_language() -> N
     hints = [r.language_hint for r in seen if r.language is None]
     assert hints[-1] == "de", "the third utterance still leans on German"
     assert [f.language for f in driver.of(Final) if f.text] == ["de", "de"]
+
+
+def test_an_utterance_that_decoded_to_nothing_does_not_set_the_session_language() -> None:
+    """Noise that Whisper hears as Welsh (35 %) and decodes to nothing shows no caption: the next
+    utterance, English at 65 % and Welsh at 5 %, is decoded in English, not held to Welsh."""
+    noise = {"cy": 0.35, "en": 0.30, "de": 0.25}
+    speech = {"en": 0.65, "de": 0.2, "cy": 0.05}
+    hints: list[str | None] = []
+
+    def decode(request: EngineRequest) -> EngineResult:
+        loud = float(np.abs(request.audio[request.detect_from_sample :]).max()) > 0.07
+        language, probability = request.language, 1.0
+        if language is None:
+            hints.append(request.language_hint)
+            language, probability = choose_language(speech if loud else noise, hints[-1])
+        result = fake_decoder()(dataclasses.replace(request, language=language))
+        text = result.text if loud else ""
+        return dataclasses.replace(
+            result, text=text, language=language, language_probability=probability
+        )
+
+    driver = Driver(decode, params=StreamParams(language="auto"), stream=NO_CONTEXT)
+    driver.send(tone(1.5, amplitude=0.05))
+    driver.send(silence(1.5))
+    driver.send(tone(4.0, amplitude=0.3))
+    driver.send(silence(1.0))
+    driver.control(Control.END)
+    assert None in hints and "cy" not in hints
+    assert [(f.language, bool(f.text)) for f in driver.of(Final)] == [("en", True)]
+
+
+@pytest.mark.parametrize(
+    ("probabilities", "hint", "chosen"),
+    [
+        ({"en": 0.6, "de": 0.3}, "de", "de"),  # a few English words in a German meeting
+        ({"en": 0.75, "de": 0.2}, "de", "en"),  # sure of the other language
+        ({"en": 0.65, "cy": 0.05}, "cy", "en"),  # the hint is no reading of this speech
+        ({"en": 0.65, "cy": 0.05}, None, "en"),
+    ],
+)
+def test_choose_language_keeps_a_plausible_hint(
+    probabilities: dict[str, float], hint: str | None, chosen: str
+) -> None:
+    assert choose_language(probabilities, hint) == (chosen, probabilities[chosen])
+
+
+def test_a_session_taken_back_after_a_restart_goes_on_in_its_language() -> None:
+    """With ?language=auto, the journal's last caption's language is the next utterance's hint
+    (the server passes it as the origin's language), as it would have been without the restart."""
+    decoder, seen = detecting_decoder(["de"])
+    origin = StreamOrigin(start_sample=0, first_segment=3, earlier_text="Guten Tag.", language="de")
+    driver = Driver(decoder, params=StreamParams(language="auto"), origin=origin)
+    driver.send(tone(2.0))
+    driver.send(silence(1.0))
+    driver.control(Control.END)
+    assert {r.language_hint for r in seen if r.language is None} == {"de"}
 
 
 def saying(partials: list[str], whole: str) -> Decoder:

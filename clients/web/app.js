@@ -51,6 +51,8 @@ const view = new CaptionView({
   captionBox: $("caption-box"),
   announcer: $("announcer"),
   storageKey: watchName ? null : TRANSCRIPT_KEY,
+  // A viewer's source transcribes; the microphone's stream translates with /?task=translate.
+  translated: !watchName && query.get("task") === "translate",
 });
 
 // The running microphone session or viewer; null when idle.

@@ -8,13 +8,22 @@
 
 import { Transcript, formatClock, joinText, textDirection } from "./transcript.js";
 
+// An element's language, or the page's where it is not known.
+function setLang(element, lang) {
+  if (lang) element.lang = lang;
+  else element.removeAttribute("lang");
+}
+
 // Recent finals kept in the caption box: more than its largest lines-worth of text.
 const CAPTION_FINALS = 6;
 // Finals kept in the screen-reader region: it only needs to hold the ones being announced.
 const ANNOUNCED_FINALS = 3;
 
 export class CaptionView {
-  constructor({ scroller, list, live, captionBox, announcer, storageKey = null }) {
+  // `translated`: the captions are English translations (?task=translate), whatever language a
+  // message says was spoken.
+  constructor({ scroller, list, live, captionBox, announcer, storageKey = null, translated = false }) {
+    this.translated = translated;
     this.scroller = scroller;
     this.list = list;
     this.live = live;
@@ -30,7 +39,7 @@ export class CaptionView {
       // After its segment's final (a misbehaving peer, or a late replay) a partial is stale.
       if (msg.segment < this.transcript.nextSegment) return true;
       this.liveSegment = msg.segment;
-      this.setLive(msg.stable, msg.separator, msg.unstable);
+      this.setLive(msg.stable, msg.separator, msg.unstable, this.textLanguage(msg.language));
       return true;
     }
     if (msg.type === "final") {
@@ -46,7 +55,7 @@ export class CaptionView {
   // they are not left on screen as if they were current.
   clearLive() {
     this.liveSegment = null;
-    this.setLive("", "", "");
+    this.setLive("", "", "", null);
   }
 
   clear({ keepSession }) {
@@ -83,23 +92,30 @@ export class CaptionView {
     const line = document.createElement("p");
     line.textContent = entry.text;
     line.dir = textDirection(entry.text);
-    if (entry.language) line.lang = entry.language;
+    setLang(line, this.textLanguage(entry.language));
     this.announcer.append(line);
     while (this.announcer.childElementCount > ANNOUNCED_FINALS) this.announcer.firstElementChild.remove();
   }
 
   // `separator`: what the daemon says goes between the two parts (a space, or none where the text
   // has none: Chinese and Japanese, inside a Thai phrase, "我用" + "Python写").
-  setLive(stable, separator, unstable) {
+  setLive(stable, separator, unstable, lang) {
     const tail = stable && unstable ? separator + unstable : unstable;
     this.keepScrolled(() => {
       for (const line of [this.live, this.captionBox.querySelector(".now")]) {
         line.dir = textDirection(stable + tail);
+        setLang(line, lang);
         line.querySelector(".stable").textContent = stable;
         line.querySelector(".unstable").textContent = tail;
         line.hidden = !(stable || unstable);
       }
     });
+  }
+
+  // The language a caption is written in (null where unknown): the spoken one, or English for a
+  // translation.
+  textLanguage(spoken) {
+    return this.translated ? "en" : (spoken ?? null);
   }
 
   renderCaptions() {
@@ -120,10 +136,8 @@ export class CaptionView {
     // Each caption reads in its own direction (Arabic, Hebrew) and is announced and rendered
     // in its own language; the language shows under the time (with ?language=auto it varies).
     text.dir = textDirection(entry.text);
-    if (entry.language) {
-      text.lang = entry.language;
-      time.dataset.lang = entry.language;
-    }
+    setLang(text, this.textLanguage(entry.language));
+    if (entry.language) time.dataset.lang = entry.language; // the language spoken
     item.append(time, text);
     return item;
   }

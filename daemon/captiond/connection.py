@@ -399,9 +399,10 @@ class LiveStream:
                         await conn.send(reply)
                 control, audio = received.control, received.audio
                 if received.language is not None:
-                    # The dialect knows only whether the model is English-only.
+                    # Dialects refuse what the model cannot caption in their protocol's way;
+                    # this guards the batch (a code without a token fails every stream in it).
                     self._engine.check_can(parse_language(received.language)[0])
-                    session.set_language(received.language)
+                    session.set_language(self._engine.stream_language(received.language))
                 if received.prompt is not None:
                     session.set_prompt(received.prompt)
                 if received.ends_at_pauses is not None:

@@ -405,7 +405,7 @@ class Daemon:
 
     def _stream_params(self, dialect: Dialect) -> StreamParams:
         engine = self.decoder.engine_info
-        params = dialect.stream_params(self.config.stream.language, engine.english_only)
+        params = dialect.stream_params(self.config.stream.language, engine.check_can)
         engine.check_can(params.language, params.task)
         return params
 
@@ -425,10 +425,11 @@ class Daemon:
             raise OverloadedError(
                 f"session limit reached ({self.config.server.max_sessions}); try again later"
             )
+        engine = self.decoder.engine_info
+        params = dataclasses.replace(params, language=engine.stream_language(params.language))
         session = StreamSession(
             config=self.config, vad=self._vad_factory(), params=params, origin=origin
         )
-        engine = self.decoder.engine_info
         session_id = resume_key.session if resume_key else self._new_session_id()
         journal = None
         if self._journal is not None:
@@ -608,6 +609,8 @@ class Daemon:
             start_sample=ms_to_samples(int(end["audio_ms"])),
             first_segment=int(end["segments"]),
             earlier_text=join_texts(f.text for f in found.finals)[-_EARLIER_TEXT_CHARS:],
+            # With ?language=auto the conversation's language goes on as the next hint.
+            language=next((f.language for f in reversed(found.finals) if f.text), None),
         )
         live = self._open_stream(
             conn,

@@ -93,11 +93,13 @@ _SURE_SAME_LANGUAGE = 0.5
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StreamOrigin:
     """Where a session taken back after a daemon restart goes on (from its journal): its stream
-    clock, its next segment number and its earlier text (the prompt; that audio is gone)."""
+    clock, its next segment number, its earlier text (the prompt; that audio is gone) and the
+    language it was in (with ?language=auto: the hint its next utterance is detected with)."""
 
     start_sample: int
     first_segment: int
     earlier_text: str
+    language: str | None = None
 
 
 class SessionState(enum.Enum):
@@ -209,7 +211,7 @@ class StreamSession:
         self._segments = origin.first_segment
         # The session's language so far: what an utterance in ?language=auto is decoded in
         # unless another one is detected with confidence (engines.choose_language).
-        self._language: str | None = None if params.auto_language else params.language
+        self._language = origin.language if params.auto_language else params.language
         self._detect_samples = ms_to_samples(round(config.stream.language_detect_s * 1000))
         self._detect_hinted_samples = min(self._detect_samples, ms_to_samples(_HINTED_DETECT_MS))
         self.state = SessionState.STREAMING
@@ -709,7 +711,10 @@ class StreamSession:
                 start_sample=request.start_sample, end_sample=request.end_sample, text=decoded
             )
         )
-        self._language = utt.language or self._language
+        # Only a caption says what the conversation is in: an utterance of noise that Whisper
+        # heard as Welsh and decoded to nothing must not hold the next one to Welsh.
+        if text:
+            self._language = utt.language or self._language
         self._trim_buffer()
 
     def _maybe_done(self) -> None:

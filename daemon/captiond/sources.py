@@ -79,8 +79,9 @@ class DaemonSource:
         self._decoder = decoder
         self._audio_input = audio_input
         self._retry_s = retry_s
+        language = decoder.engine_info.stream_language(config.stream.language)
         self._session = StreamSession(
-            config=config, vad=vad, params=StreamParams(language=config.stream.language)
+            config=config, vad=vad, params=StreamParams(language=language)
         )
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []

@@ -11,11 +11,21 @@ so that their unmodified SDKs work against a local daemon (see the README).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from captiond.errors import SessionError
 from captiond.protocol import Ack, Control, ServerMessage, StreamParams
+
+# Raises a SessionError (bad_message) for a Whisper language code the daemon's model cannot
+# caption: English-only models take only English, and Cantonese came with large-v3
+# (`EngineInfo.check_can`).
+LanguageCheck = Callable[[str], None]
+
+
+def any_language(code: str) -> None:
+    """The LanguageCheck of a dialect used alone: it takes every language."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,11 +50,13 @@ class Dialect(Protocol):
     # Text frames longer than this are refused before they are parsed (bad_message).
     max_text_bytes: int
 
-    def stream_params(self, default_language: str, english_only: str = "") -> StreamParams:
+    def stream_params(
+        self, default_language: str, can_caption: LanguageCheck = any_language
+    ) -> StreamParams:
         """The stream's audio format and language from the query string; raises a
-        SessionError for one the protocol refuses. `english_only` names the model when it
-        captions English only: a session update to another language is then refused, as the
-        protocol refuses a bad update."""
+        SessionError for one the protocol refuses. `can_caption` checks a language against the
+        model: a session update to one it cannot caption is refused, as the protocol refuses a
+        bad update (before it is confirmed)."""
         ...
 
     def receive(self, frame: str | bytes) -> Received:

@@ -25,14 +25,17 @@ kept once the word is final. `confidence` (every word) is 1.0 and `end_of_turn_c
 `keyterms_prompt` (in the query or an `UpdateConfiguration`; `[]` clears it) becomes the stream's
 prompt: the terms, comma-separated, which Whisper reads before every decode's previous text.
 
+Language: `language_code` or one of `language_codes` (a tag: "zh-TW" keeps the script of
+Chinese); several codes, `language_detection=true`, or a `speech_model` other than
+`universal-streaming-english` with no language named decode as "auto" (any language Whisper
+knows); `universal-streaming-english` with none is English. The model itself is captiond's.
+
 Unsupported: pcm_mulaw and the compressed encodings (an error: captiond takes linear PCM);
-`speech_model`, turn-detection thresholds (`end_of_turn_confidence_threshold`,
+the model that `speech_model` names, turn-detection thresholds (`end_of_turn_confidence_threshold`,
 `min_turn_silence`, `max_turn_silence`, `vad_threshold`: captiond's VAD ends turns),
 `prompt` (an instruction to AssemblyAI's model, which Whisper would read as words said before),
 `inactivity_timeout` (the daemon's `[server] idle_timeout_s` applies, and KeepAlive does not hold
-it), speaker labels, PII redaction, `Heartbeat`: ignored, as are unknown fields. Several
-`language_codes` decode as "auto" (any language Whisper knows), as does `language_detection=true`
-with no language named.
+it), speaker labels, PII redaction, `Heartbeat`: ignored, as are unknown fields.
 `expires_at` is nominal (AssemblyAI's 3-hour limit): captiond ends no session for its age.
 """
 
@@ -44,7 +47,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from captiond.dialects import Received
+from captiond.dialects import LanguageCheck, Received, any_language
 from captiond.errors import BadAudioError, BadMessageError, SessionError
 from captiond.protocol import (
     AUTO_LANGUAGE,
@@ -58,7 +61,6 @@ from captiond.protocol import (
     SpeechStarted,
     StreamParams,
     check_language,
-    check_model_language,
     parse_stream_params,
     prompt_of_terms,
 )
@@ -79,6 +81,8 @@ CLOSE_CODES: dict[str, int] = {
     "shutting_down": 1001,  # going away: the daemon stops
 }
 CLOSE_SERVER_ERROR = 3005
+# The one AssemblyAI speech model that takes English only (`speech_model`).
+_ENGLISH = "universal-streaming-english"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,13 +109,15 @@ class AssemblyAIDialect:
         self._began_s = 0.0
         self._format_turns = False
         self._language_detection = False
-        self._english_only = ""  # the model's name when it captions English only
+        self._can_caption: LanguageCheck = any_language
         self._turns: dict[int, _Turn] = {}  # by segment: turns not ended yet
 
     # -- client → daemon ---------------------------------------------------------------------
 
-    def stream_params(self, default_language: str, english_only: str = "") -> StreamParams:
-        self._english_only = english_only
+    def stream_params(
+        self, default_language: str, can_caption: LanguageCheck = any_language
+    ) -> StreamParams:
+        self._can_caption = can_caption
         query = self._query
         self._format_turns = _flag(query, "format_turns")
         self._language_detection = _flag(query, "language_detection")
@@ -126,8 +132,10 @@ class AssemblyAIDialect:
             language = _language_of(_json(query["language_codes"]))
         elif "language_code" in query:
             language = _language_of([query["language_code"]])
-        elif self._language_detection:  # AssemblyAI's multilingual model, no language named
-            language = AUTO_LANGUAGE
+        elif self._language_detection or query.get("speech_model", _ENGLISH) != _ENGLISH:
+            language = AUTO_LANGUAGE  # AssemblyAI's other models detect it: none was named
+        elif "speech_model" in query:
+            language = "en"
         rate = query.get("sample_rate", "16000")
         params = parse_stream_params({"sample_rate": rate, "language": language}, default_language)
         if "keyterms_prompt" in query:
@@ -160,7 +168,7 @@ class AssemblyAIDialect:
         codes, keyterms = message.get("language_codes"), message.get("keyterms_prompt")
         language = None if codes is None else _language_of(codes)
         if language is not None:
-            check_model_language(language, self._english_only)
+            self._can_caption(check_language(language))
         prompt = None if keyterms is None else _prompt_of(keyterms)
         if format_turns is not None:
             self._format_turns = format_turns
@@ -292,12 +300,15 @@ def _flag(query: Mapping[str, str], name: str) -> bool:
 
 
 def _language_of(codes: object) -> str:
-    """One code is that language; several are "auto" (captiond decodes one at a time)."""
+    """One code is that language, as a tag ("en_us" is "en-us"; "zh-TW" keeps naming the script
+    of Chinese); several are "auto" (captiond decodes one at a time)."""
     if not (isinstance(codes, list) and codes and all(isinstance(c, str) and c for c in codes)):
         raise BadMessageError("Invalid Message: language_codes must be a list of language codes")
     if len(codes) > 1:
-        return check_language("auto")
-    return check_language(codes[0].replace("-", "_").split("_")[0])
+        return AUTO_LANGUAGE
+    tag = str(codes[0]).replace("_", "-")
+    check_language(tag)
+    return tag
 
 
 def _prompt_of(keyterms: object) -> str:

@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from captiond import SAMPLE_RATE_HZ, __version__
-from captiond.dialects import Received
+from captiond.dialects import LanguageCheck, Received, any_language
 from captiond.errors import (
     CLOSE_CODES,
     BadAudioError,
@@ -189,7 +189,9 @@ class DeepgramDialect:
         self._stopped_end_ms: set[int] = set()  # utterance ends where speech stopped
         self._multi = False  # language=multi: results name the language detected
 
-    def stream_params(self, default_language: str, english_only: str = "") -> StreamParams:
+    def stream_params(
+        self, default_language: str, can_caption: LanguageCheck = any_language
+    ) -> StreamParams:
         query = self._query
         encoding = query.get("encoding")
         if encoding != "linear16":
@@ -207,6 +209,8 @@ class DeepgramDialect:
         language = query.get("language", default_language)
         self._multi = language == "multi"
         language = "auto" if self._multi else language  # zh-TW: traditional Chinese
+        if language.lower() == "zh-hk":
+            language = _cantonese(can_caption)
         params = parse_stream_params(
             {"encoding": "pcm_s16le", "sample_rate": query["sample_rate"], "language": language},
             default_language,
@@ -415,3 +419,14 @@ class DeepgramDialect:
                 "model_info": {self._model_uuid: self._model},
             }
         )
+
+
+def _cantonese(can_caption: LanguageCheck) -> str:
+    """Deepgram's `zh-HK`, Cantonese in traditional characters: Whisper's `yue` where the model
+    has it (large-v3 on), else Chinese in Hong Kong characters, as earlier models write
+    Cantonese."""
+    try:
+        can_caption("yue")
+    except SessionError:
+        return "zh-HK"
+    return "yue"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from captiond.dialects import Received
+from captiond.dialects import LanguageCheck, Received, any_language
 from captiond.errors import SessionError, close_code_for
 from captiond.protocol import ServerMessage, StreamParams, parse_control, parse_stream_params
 
@@ -20,7 +20,9 @@ class NativeDialect:
     def __init__(self, query: Mapping[str, str]) -> None:
         self._query = query
 
-    def stream_params(self, default_language: str, english_only: str = "") -> StreamParams:
+    def stream_params(
+        self, default_language: str, can_caption: LanguageCheck = any_language
+    ) -> StreamParams:
         return parse_stream_params(self._query, default_language)
 
     def receive(self, frame: str | bytes) -> Received:

@@ -67,7 +67,7 @@ from collections.abc import Mapping
 from itertools import count
 from typing import Any
 
-from captiond.dialects import Received
+from captiond.dialects import LanguageCheck, Received, any_language
 from captiond.errors import BadMessageError, CaptiondError, SessionError, close_code_for
 from captiond.protocol import (
     Control,
@@ -80,7 +80,6 @@ from captiond.protocol import (
     SpeechStopped,
     StreamParams,
     check_language,
-    check_model_language,
     check_prompt,
 )
 
@@ -108,7 +107,7 @@ class OpenAIRealtimeDialect:
         self._session = ""  # from Ready
         self._model = ""
         self._language = ""
-        self._english_only = ""  # the model's name when it captions English only
+        self._can_caption: LanguageCheck = any_language
         self._prompt = ""
         self._server_vad = True
         self._event_ids = count()
@@ -117,8 +116,10 @@ class OpenAIRealtimeDialect:
         self._last_item: str | None = None  # the item committed last
         self._sent: dict[int, str] = {}  # per open segment: its text sent as deltas so far
 
-    def stream_params(self, default_language: str, english_only: str = "") -> StreamParams:
-        self._english_only = english_only
+    def stream_params(
+        self, default_language: str, can_caption: LanguageCheck = any_language
+    ) -> StreamParams:
+        self._can_caption = can_caption
         if self._intent != "transcription":
             raise BadMessageError(
                 "only transcription sessions are served: use ?intent=transcription"
@@ -188,7 +189,7 @@ class OpenAIRealtimeDialect:
         if "turn_detection" in audio_input:
             server_vad = _is_server_vad(audio_input["turn_detection"])
         transcription = _field(audio_input.get("transcription"), f"{param}.transcription")
-        language = _language(transcription, self._english_only)
+        language = _language(transcription, self._can_caption)
         prompt = _prompt(transcription)
         self._server_vad = self._server_vad if server_vad is None else server_vad
         self._language = language or self._language
@@ -359,15 +360,15 @@ def _prompt(transcription: dict[str, Any]) -> str | None:
         raise _Refused("string_above_max_length", str(exc), param) from None
 
 
-def _language(transcription: dict[str, Any], english_only: str) -> str | None:
+def _language(transcription: dict[str, Any], can_caption: LanguageCheck) -> str | None:
     """The language to decode in from now on (null, "" or absent: unchanged), as the client
     wrote it: a tag such as "zh-TW" also names the script of Chinese (session.set_language).
-    `english_only`: the model's name when it captions English only."""
+    One the model cannot caption is refused before the update is confirmed."""
     if not transcription.get("language"):
         return None
     language = str(transcription["language"])
     try:
-        check_model_language(check_language(language), english_only)
+        can_caption(check_language(language))
         return language
     except SessionError as exc:
         param = "session.audio.input.transcription.language"

@@ -188,6 +188,12 @@ class EngineInfo:
         """The model's name when it captions English only; "" when it knows every language."""
         return "" if self.multilingual else self.model_name
 
+    def stream_language(self, tag: str) -> str:
+        """The language a stream asking for `tag` is decoded in: `auto` on an English-only model
+        is English at once (there is nothing to detect, and detecting would hold back every
+        utterance's first partial)."""
+        return "en" if self.english_only and tag.lower() == AUTO_LANGUAGE else tag
+
     def check_can(self, language: str, task: str = "transcribe") -> None:
         """Refuse (BadMessageError) a language code or task this model cannot do: it would
         decode as nothing, silently, or (torch_graph, a code it has no token for) fail its
@@ -259,6 +265,9 @@ def fit_prompt(
 # A session's language gives way to a detected other language only this sure: a few words of
 # English in a German meeting do not switch the captions to English.
 LANGUAGE_SWITCH_PROBABILITY = 0.7
+# ... unless Whisper finds the session's language this unlikely: then it is no reading of the
+# speech at all (a session that went on in Welsh at 5 % against English at 65 %).
+LANGUAGE_KEEP_PROBABILITY = 0.1
 
 
 def choose_language(probabilities: dict[str, float], hint: str | None) -> tuple[str, float]:
@@ -267,7 +276,10 @@ def choose_language(probabilities: dict[str, float], hint: str | None) -> tuple[
     detected = max(probabilities, key=probabilities.__getitem__)
     if hint is None or hint not in probabilities or detected == hint:
         return detected, probabilities[detected]
-    if probabilities[detected] >= LANGUAGE_SWITCH_PROBABILITY:
+    if (
+        probabilities[detected] >= LANGUAGE_SWITCH_PROBABILITY
+        or probabilities[hint] < LANGUAGE_KEEP_PROBABILITY
+    ):
         return detected, probabilities[detected]
     return hint, probabilities[hint]
 
