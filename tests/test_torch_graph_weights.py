@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import struct
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from captiond.engines import DecodeKind, EngineRequest  # noqa: E402
+from captiond.config import EngineConfig  # noqa: E402
+from captiond.engines import DecodeKind, EngineRequest, load_engine  # noqa: E402
 from captiond.engines.torch_graph.cuda_graph import bucket_for, bucket_sizes  # noqa: E402
 from captiond.engines.torch_graph.kv_cache import allocate_cache, bytes_per_row  # noqa: E402
 from captiond.engines.torch_graph.mel import MelFrontend  # noqa: E402
@@ -27,6 +29,8 @@ from captiond.engines.torch_graph.weights import (  # noqa: E402
     read_model_bin,
     shape_dims,
 )
+from captiond.errors import ConfigError  # noqa: E402
+from captiond.models import resolve_model  # noqa: E402
 
 _DTYPE_IDS = {np.dtype("<f4"): 0, np.dtype("i1"): 1, np.dtype("<i2"): 2, np.dtype("<f2"): 4}
 
@@ -202,3 +206,50 @@ def test_log_mel_reads_only_the_clips_own_frames() -> None:
     reused = MelFrontend(80, StreamAudio(4, 2, CPU), CPU)
     reused([long_clip, long_clip])
     assert torch.equal(reused([short_clip, long_clip[:40]]), fresh)
+
+
+def _tiny_model_bin(path: Path) -> bytes:
+    rng = np.random.default_rng(0)
+    variables = {
+        "decoder/embeddings/weight": rng.standard_normal((7, 3)).astype(np.float16),
+        "encoder/conv1/bias": rng.standard_normal(5).astype(np.float32),
+    }
+    write_model_bin(path, variables, {"decoder/projection/weight": "decoder/embeddings/weight"})
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("kept_bytes", [0, 3, 10, 40, 60, -30, -1])
+def test_a_cut_short_model_bin_is_a_one_line_config_error(tmp_path: Path, kept_bytes: int) -> None:
+    # An interrupted copy: cut in the header, a name, a variable's data, the aliases.
+    whole = _tiny_model_bin(tmp_path / "whole.bin")
+    cut = tmp_path / "model.bin"
+    cut.write_bytes(whole[:kept_bytes])
+    with pytest.raises(ConfigError) as info:
+        read_model_bin(cut)
+    message = str(info.value)
+    assert message.startswith(f"{str(cut)!r} is not a whole CTranslate2 model file"), message
+    assert "\n" not in message
+
+
+def test_a_model_bin_with_an_unknown_type_is_a_config_error(tmp_path: Path) -> None:
+    whole = bytearray(_tiny_model_bin(tmp_path / "model.bin"))
+    # The first variable's dtype id: after the header, its name, rank and two dims.
+    header = 4 + 2 + len("WhisperSpec") + 1 + 4 + 4
+    dtype_at = header + 2 + len("decoder/embeddings/weight") + 1 + 1 + 2 * 4
+    assert whole[dtype_at] == 4  # float16
+    whole[dtype_at] = 99
+    (tmp_path / "model.bin").write_bytes(bytes(whole))
+    with pytest.raises(ConfigError, match="unknown variable type 99"):
+        read_model_bin(tmp_path / "model.bin")
+
+
+def test_torch_graph_refuses_a_truncated_model_folder_in_one_line(tmp_path: Path) -> None:
+    # The files resolve_model checks are there: only model.bin is cut short.
+    bundled = resolve_model(None)
+    for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
+        shutil.copy(bundled / name, tmp_path / name)
+    with (bundled / "model.bin").open("rb") as whole:
+        (tmp_path / "model.bin").write_bytes(whole.read(1_000_000))
+    config = EngineConfig(name="torch_graph", device="cpu", model=str(tmp_path))
+    with pytest.raises(ConfigError, match="is not a whole CTranslate2 model file"):
+        load_engine(config)

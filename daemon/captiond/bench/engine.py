@@ -61,6 +61,11 @@ def add_engine_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=None,
         help="model name, Hugging Face repo id or folder (default: bundled tiny.en)",
     )
+    p.add_argument(
+        "--download",
+        action="store_true",
+        help="download the model from the Hugging Face Hub if it is not cached",
+    )
     p.add_argument("--audio", type=Path, default=None, help="16 kHz mono 16-bit WAV (≤ 30 s)")
     p.add_argument(
         "--peer",
@@ -270,7 +275,10 @@ def run_engine_bench(args: argparse.Namespace) -> dict[str, Any]:
     if duty is not None and not 0 < duty < 1:
         raise SystemExit(f"--beside-python is a share of the time, above 0 and below 1: {duty}")
     beside = None if duty is None else beside_python(duty)
-    model_path = resolve_model(args.model)
+    # This command has no config file: --download alone asks for a download.
+    model_path = resolve_model(
+        args.model, allow_download=args.download, download_options="--download"
+    )
     audio, audio_name = _load_audio(args.audio)
     report: dict[str, Any] = {
         "machine": {"platform": platform.platform(), "cpu": _cpu_model(), "gpu": None},

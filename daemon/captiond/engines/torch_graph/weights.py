@@ -11,6 +11,7 @@ alias count and (alias, target) string pairs. A string is a u16 byte count (NUL 
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import torch
+
+from captiond.errors import ConfigError
 
 _DTYPES: dict[int, np.dtype[np.generic]] = {
     0: np.dtype("<f4"),
@@ -44,34 +47,44 @@ class ModelBin:
 
 
 class _Cursor:
-    """Sequential little-endian reads over the memory-mapped file."""
+    """Sequential little-endian reads over the memory-mapped file; a read past its end is a
+    ValueError (a file cut short), never a short read."""
 
     def __init__(self, data: npt.NDArray[np.uint8]) -> None:
         self.data = data
         self.offset_bytes = 0
 
     def unpack(self, fmt: str) -> int:
-        size = struct.calcsize("<" + fmt)
-        raw = self.data[self.offset_bytes : self.offset_bytes + size].tobytes()
-        (value,) = struct.unpack("<" + fmt, raw)
-        self.offset_bytes += size
+        (value,) = struct.unpack("<" + fmt, self.take(struct.calcsize("<" + fmt)).tobytes())
         return int(value)
 
     def string(self) -> str:
         length = self.unpack("H")
-        raw = bytes(self.data[self.offset_bytes : self.offset_bytes + length])
-        self.offset_bytes += length
-        return raw.rstrip(b"\0").decode("utf-8")
+        return bytes(self.take(length)).rstrip(b"\0").decode("utf-8")
 
     def take(self, n_bytes: int) -> npt.NDArray[np.uint8]:
-        chunk = self.data[self.offset_bytes : self.offset_bytes + n_bytes]
-        self.offset_bytes += n_bytes
+        end_bytes = self.offset_bytes + n_bytes
+        if end_bytes > self.data.size:
+            raise ValueError(
+                f"cut short: it ends at byte {self.data.size}, inside a record that runs to "
+                f"byte {end_bytes}"
+            )
+        chunk = self.data[self.offset_bytes : end_bytes]
+        self.offset_bytes = end_bytes
         return chunk
 
 
 def read_model_bin(path: Path) -> ModelBin:
-    """Map `path` once and return views of every variable; nothing is copied here."""
-    data = np.memmap(path, dtype=np.uint8, mode="r")
+    """Map `path` once and return views of every variable; nothing is copied here. A file that
+    is not a whole model.bin (an interrupted copy) is a ConfigError in one line, as
+    faster-whisper's refusal of it is."""
+    try:
+        return _parse_model_bin(np.memmap(path, dtype=np.uint8, mode="r"))
+    except ValueError as exc:  # the cursor's, numpy's (an empty file), UTF-8's
+        raise ConfigError(f"{str(path)!r} is not a whole CTranslate2 model file: {exc}") from None
+
+
+def _parse_model_bin(data: npt.NDArray[np.uint8]) -> ModelBin:
     cursor = _Cursor(data)
     cursor.unpack("I")  # format version: every version we know has the same variable records
     name = cursor.string()
@@ -84,12 +97,19 @@ def read_model_bin(path: Path) -> ModelBin:
         shape = tuple(cursor.unpack("I") for _ in range(rank))
         dtype_id = cursor.unpack("B")
         raw = cursor.take(cursor.unpack("I"))
-        variables[var_name] = raw.view(_DTYPES[dtype_id]).reshape(shape)
+        if dtype_id not in _DTYPES:
+            raise ValueError(f"unknown variable type {dtype_id} of {var_name}")
+        dtype = _DTYPES[dtype_id]
+        if raw.size != dtype.itemsize * math.prod(shape):
+            raise ValueError(f"{var_name} holds {raw.size} bytes, not its shape {shape}'s")
+        variables[var_name] = raw.view(dtype).reshape(shape)
         if dtype_id == _BF16_ID:
             bfloat16.add(var_name)
     for _ in range(cursor.unpack("I")):
         alias = cursor.string()
         target = cursor.string()
+        if target not in variables:
+            raise ValueError(f"the alias {alias} names no variable ({target})")
         variables[alias] = variables[target]
         if target in bfloat16:
             bfloat16.add(alias)
