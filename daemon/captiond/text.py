@@ -175,7 +175,7 @@ def written_after(previous: str, unit: str) -> str:
 
 def join_texts(texts: Iterable[str]) -> str:
     """Texts (finals) one after another as they are written: a space between them, none where
-    both sides are characters of a script without spaces ("…出席できなかった。" + "顔…"). A
+    both sides are Chinese or Japanese characters ("…出席できなかった。" + "顔…"). A
     Chinese or Japanese conversation forced on Whisper as its prefix then reads as it would
     have written it."""
     return join_units([text for text in texts if text])
