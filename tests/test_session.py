@@ -1015,14 +1015,15 @@ def test_a_final_that_disagrees_keeps_the_stable_words_and_takes_the_rest() -> N
 
 def test_punctuation_after_the_forced_words_is_not_a_word_of_its_own() -> None:
     # Forced "Hello", Whisper goes on with the comma it would have put after it: the partial
-    # must not show (and then promise) "Hello , there" with the comma as a word.
+    # must not show (and then promise) "Hello , there" with the comma as a word. The comma
+    # ends "Hello" instead (stable text grows by it), so the final keeps it.
     def decode(request: EngineRequest) -> EngineResult:
         if request.kind is DecodeKind.FINAL:
-            return EngineResult(text="Hello, there world.")
+            return EngineResult(text="Hello there world.")
         if request.prefix == "Hello":
             return EngineResult(text=", there world", unit_probs=(1.0, 0.9, 0.9))
         if request.prefix:
-            return after_prefix(request, EngineResult(text="Hello there world"))
+            return after_prefix(request, EngineResult(text="Hello, there world"))
         return EngineResult(text="Hello there", unit_probs=(0.9, 0.9))
 
     driver = Driver(decode, stream=NO_CONTEXT)
@@ -1031,9 +1032,10 @@ def test_punctuation_after_the_forced_words_is_not_a_word_of_its_own() -> None:
     partials = driver.of(Partial)
     assert any(p.stable == "Hello" for p in partials)
     texts = [" ".join(filter(None, (p.stable, p.unstable))) for p in partials]
-    assert texts[-1] == "Hello there world"
+    assert texts[-1] == "Hello, there world"
     assert all("," not in t.split() for t in texts)
-    assert driver.of(Final)[0].text == "Hello there world."
+    assert any(p.stable.startswith("Hello,") for p in partials)
+    assert driver.of(Final)[0].text == "Hello, there world."
 
 
 @pytest.mark.parametrize("spaced", [False, True])
@@ -1372,11 +1374,13 @@ def test_an_utterance_that_decoded_to_nothing_does_not_set_the_session_language(
     [
         ({"en": 0.6, "de": 0.3}, "de", "de"),  # a few English words in a German meeting
         ({"en": 0.75, "de": 0.2}, "de", "en"),  # sure of the other language
-        ({"en": 0.65, "cy": 0.05}, "cy", "en"),  # the hint is no reading of this speech
+        # Kept however unlikely: a floor (keep it only above 10 %) switched the end of a
+        # Spanish clip of the corpus to Portuguese (es_picovoice_leopard).
+        ({"en": 0.65, "cy": 0.05}, "cy", "cy"),
         ({"en": 0.65, "cy": 0.05}, None, "en"),
     ],
 )
-def test_choose_language_keeps_a_plausible_hint(
+def test_choose_language_keeps_the_hint_unless_sure_of_another(
     probabilities: dict[str, float], hint: str | None, chosen: str
 ) -> None:
     assert choose_language(probabilities, hint) == (chosen, probabilities[chosen])

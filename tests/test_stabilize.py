@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from captiond.stabilize import LocalAgreement, Split, keep_stable
+from captiond.text import join_units
 
 
 def test_first_hypothesis_is_all_unstable() -> None:
@@ -166,8 +167,13 @@ def test_committed_only_grows_and_stable_is_committed(hypotheses: list[list[str]
     for words in hypotheses:
         split = la.update(" ".join(words))
         now = la.committed
-        # Only grows: the earlier commitment is a prefix of the new one.
-        assert now[: len(committed)] == committed
+        # Only grows: the earlier commitment is a prefix of the new one, but for punctuation
+        # its last word may gain ("so" + ",", decoded with words after it).
+        if committed:
+            assert now[: len(committed) - 1] == committed[:-1]
+            grown = now[len(committed) - 1]
+            assert grown.startswith(committed[-1]) and not grown[len(committed[-1]) :].strip(",.")
+        assert " ".join(now).startswith(" ".join(committed))
         # Stable is exactly what is committed so far.
         assert split.stable == now
         # Newly committed words agree with both of the two newest hypotheses, and the older
@@ -182,13 +188,31 @@ def test_committed_only_grows_and_stable_is_committed(hypotheses: list[list[str]
         previous = words
 
 
+def test_the_last_stable_word_takes_the_punctuation_decoded_after_it() -> None:
+    """A comma the decoder wrote after the last stable word, with words after it, joins it
+    (stable text grows by it); one at the edge of the audio, a guess, does not."""
+    la = LocalAgreement()
+    la.update("And so my")
+    la.update("And so my fellow")
+    assert la.committed == ("And", "so")
+    la.update("And so.")  # the audio's edge: the stop may be a guess
+    assert la.committed == ("And", "so")
+    split = la.update("And so, my fellow Americans")
+    assert split.stable == ("And", "so,")
+    assert join_units(split.stable).startswith("And so")
+
+
 @pytest.mark.parametrize(
     ("stable", "decoded", "final"),
     [
         ("And so my fellow", "And so am I fellow Americans.", "And so my fellow Americans."),
         ("And so my fellow", "And so my fellows Americans", "And so my fellow Americans"),
         ("What you are", "What your country can do for you!", "What you are can do for you!"),
-        ("the cat", "The cat, sat on the mat.", "the cat sat on the mat."),
+        # The decode's punctuation after the last stable word is kept (the final still starts
+        # with the stable text): a sentence whose every word was stable keeps its stop.
+        ("the cat", "The cat, sat on the mat.", "the cat, sat on the mat."),
+        ("ask not what you", "Ask not what you.", "ask not what you."),
+        ("And so my", "And so, my fellow", "And so my fellow"),  # inside: the promise holds
         ("one two three", "one two", "one two three"),
         ("a b", "", "a b"),
         ("", "Thank you.", "Thank you."),

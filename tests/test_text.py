@@ -99,7 +99,7 @@ def test_a_chinese_final_keeps_the_stable_characters() -> None:
     # ("第三甲"), which left "登进" out.
     stable = tuple(units("嘉靖三十八年"))
     assert (
-        keep_stable(stable, "嘉靖38年,登进士第三甲第二名。") == "嘉靖三十八年登进士第三甲第二名。"
+        keep_stable(stable, "嘉靖38年,登进士第三甲第二名。") == "嘉靖三十八年,登进士第三甲第二名。"
     )
 
 

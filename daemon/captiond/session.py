@@ -65,6 +65,7 @@ from captiond.text import (
     only_punctuation,
     separator,
     units,
+    with_marks,
     written_after,
 )
 from captiond.vad import UtteranceEnd, UtteranceStart, Vad, VadEvent, VadSegmenter
@@ -343,17 +344,22 @@ class StreamSession:
         # The forced words stay as they were even if Whisper would have extended the last one
         # (a word split across the commit point): stable words are a promise. Punctuation that
         # Whisper puts right after them ("In September" + ", for the first time") belongs to
-        # the last forced word, so it is left out, not shown (and made stable) as a unit; so
-        # does punctuation after an earlier final forced as context (", say", "。顔…").
+        # the last forced word, not shown (and made stable) as a unit of its own; punctuation
+        # after an earlier final forced as context (", say", "。顔…") is left out.
         new_units = units(new)
         forced = bool(request.engine_request.prefix)
         skipped = 0
         while forced and skipped < len(new_units) and only_punctuation(new_units[skipped]):
             skipped += 1
         rest = new_units[skipped:]
-        if rest and request.forced_words and not skipped and not result.spaced:
-            rest[0] = written_after(request.forced_words[-1], rest[0])
-        text = join_units((*request.forced_words, *rest))
+        forced_words = request.forced_words
+        if skipped and forced_words:
+            # It ends the last stable word ("so" + ","), which LocalAgreement may then extend.
+            marks = "".join(new_units[:skipped])
+            forced_words = (*forced_words[:-1], with_marks(forced_words[-1], marks))
+        elif rest and forced_words and not result.spaced:
+            rest[0] = written_after(forced_words[-1], rest[0])
+        text = join_units((*forced_words, *rest))
         if request.kind is DecodeKind.FINAL:
             self._take_final(utt, request, text)
         elif self._open is not None and self._open.index == request.utterance and text:

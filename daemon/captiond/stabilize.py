@@ -16,7 +16,7 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from captiond.text import join_units, units
+from captiond.text import join_units, trailing_marks, units, with_marks
 
 # How far (in words) a final decode may shift a stable word and still be matched with it.
 _ANCHOR_SHIFT_WORDS = 3
@@ -58,6 +58,12 @@ class LocalAgreement:
         """Take the newest hypothesis of the whole utterance and how many of its leading words
         the decoder was sure of (None: all); return its stable/unstable split."""
         words = units(hypothesis)
+        # Punctuation the decode writes right after the last stable word, with words after it
+        # (the decoder heard on: not a guess at the audio's edge), joins that word: stable
+        # text only grows, and "so" + "," keeps the comma that the final would lose.
+        n = len(self._committed)
+        if 0 < n < len(words) and (marks := trailing_marks(self._committed[-1], words[n - 1])):
+            self._committed[-1] = with_marks(self._committed[-1], marks)
         # Agreement of the two newest hypotheses beyond what is already committed.
         limit = min(len(self._previous) - self._hold_back, len(words))
         if sure is not None:
@@ -109,4 +115,8 @@ def keep_stable(stable: Sequence[str], decoded: str) -> str:
         if near:
             rest = min(near, key=lambda b: abs(b - a)) + len(stable) - a
             break
-    return join_units([*stable, *words[rest:]])
+    # The decode's punctuation after the word the last stable word stands for ("you." for
+    # "you") is kept: the final still starts with exactly the stable text, and ends its
+    # sentence.
+    marks = trailing_marks(stable[-1], words[rest - 1]) if 0 < rest <= len(words) else ""
+    return join_units([*stable[:-1], with_marks(stable[-1], marks), *words[rest:]])

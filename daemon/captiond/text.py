@@ -97,6 +97,19 @@ def _unit(text: str, glued: bool) -> str:
     return unit
 
 
+def with_marks(unit: str, marks: str) -> str:
+    """`unit` with the punctuation `marks` written right after it ("you" + "."), spaced as
+    `unit` was."""
+    return _unit(unit + marks, getattr(unit, "glued", False))
+
+
+def trailing_marks(unit: str, said: str) -> str:
+    """The punctuation `said` has after `unit` when it is `unit` with punctuation added ("you."
+    after "you": "."), else ""."""
+    marks = said[len(unit) :]
+    return marks if said.startswith(unit) and marks and only_punctuation(marks) else ""
+
+
 def plain_unit(unit: str) -> str:
     """`unit` lower-cased, without punctuation or symbols at its edges (in any script: "码。"
     → "码", "Hello," → "hello"; a combining mark stays, "दुनिया," → "दुनिया"), spaced as `unit`

@@ -265,9 +265,6 @@ def fit_prompt(
 # A session's language gives way to a detected other language only this sure: a few words of
 # English in a German meeting do not switch the captions to English.
 LANGUAGE_SWITCH_PROBABILITY = 0.7
-# ... unless Whisper finds the session's language this unlikely: then it is no reading of the
-# speech at all (a session that went on in Welsh at 5 % against English at 65 %).
-LANGUAGE_KEEP_PROBABILITY = 0.1
 
 
 def choose_language(probabilities: dict[str, float], hint: str | None) -> tuple[str, float]:
@@ -276,10 +273,7 @@ def choose_language(probabilities: dict[str, float], hint: str | None) -> tuple[
     detected = max(probabilities, key=probabilities.__getitem__)
     if hint is None or hint not in probabilities or detected == hint:
         return detected, probabilities[detected]
-    if (
-        probabilities[detected] >= LANGUAGE_SWITCH_PROBABILITY
-        or probabilities[hint] < LANGUAGE_KEEP_PROBABILITY
-    ):
+    if probabilities[detected] >= LANGUAGE_SWITCH_PROBABILITY:
         return detected, probabilities[detected]
     return hint, probabilities[hint]
 
