@@ -12,6 +12,7 @@ import socket
 import subprocess
 import threading
 import time
+import wave
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -238,3 +239,14 @@ class NotifyListener:
         self._stop.set()
         self._thread.join()
         self.sock.close()
+
+
+def silent_wav(tmp_path: Path) -> Path:
+    """A tenth of a second of 16 kHz silence."""
+    wav = tmp_path / "x.wav"
+    with wave.open(str(wav), "wb") as wf:
+        wf.setnchannels(1)
+        wf.setsampwidth(2)
+        wf.setframerate(16000)
+        wf.writeframes(b"\x00\x00" * 1600)
+    return wav

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import soxr
 from conftest import read_wav_int16
-from daemon_harness import make_config, running_daemon, url
+from daemon_harness import make_config, running_daemon, silent_wav, url
 from test_audiofile import encode
 
 from captiond.cli import _binding
@@ -116,7 +116,6 @@ def test_client_plain_output_and_resampling(
     """A 44.1 kHz stereo file is converted by the client; finals print one per line."""
     m = clip(speech_manifest, "jfk_inaugural_1961")
     stereo = tmp_path / "stereo.wav"
-    import wave
 
     import numpy as np
     import soxr
@@ -140,17 +139,6 @@ def test_client_plain_output_and_resampling(
     lines = [line for line in run.stdout.splitlines() if line]
     assert lines and all(line.startswith("[00:") for line in lines)
     assert "country" in out.read_text().lower()
-
-
-def silent_wav(tmp_path: Path) -> Path:
-    """A tenth of a second of 16 kHz silence."""
-    wav = tmp_path / "x.wav"
-    with wave.open(str(wav), "wb") as wf:
-        wf.setnchannels(1)
-        wf.setsampwidth(2)
-        wf.setframerate(16000)
-        wf.writeframes(b"\x00\x00" * 1600)
-    return wav
 
 
 def test_a_vtt_cue_is_text_not_markup() -> None:

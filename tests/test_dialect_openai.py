@@ -438,26 +438,6 @@ def test_session_update_switches_the_language() -> None:
     assert engine.languages and set(engine.languages) == {"de"}, "a refused update changed it"
 
 
-def test_an_english_only_model_refuses_a_session_update_to_another_language() -> None:
-    """The fake engine is English-only, as tiny.en: German would decode to nothing. The update
-    gets OpenAI's error, as a bad value does, and the session goes on in English."""
-    engine = RecordingEngine(multilingual=False)
-
-    def scenario(port: int) -> Any:
-        with transcription(port) as conn:
-            conn.session.update(session=session_with(transcription={"language": "de"}))
-            refused = conn.recv()
-            append(conn, BURST)
-            conn.input_audio_buffer.commit()
-            read_until(conn, completions(1))
-            return refused
-
-    refused = run(scenario, engine=engine)
-    assert refused.type == "error" and refused.error.code == "invalid_value"
-    assert "English-only" in refused.error.message
-    assert engine.languages and set(engine.languages) == {"en"}
-
-
 class BaseLikeEngine(RecordingEngine):
     """A multilingual fake that, as Whisper base, has no Cantonese token."""
 
@@ -466,25 +446,36 @@ class BaseLikeEngine(RecordingEngine):
         return super().known_languages - {"yue"}
 
 
-def test_a_session_update_to_a_language_the_model_lacks_is_refused_before_it_is_confirmed() -> None:
-    """A language the model has no token for would fail or silence every decode: the update
-    gets OpenAI's error, as a bad value does (no `session.updated` first), and the session
-    goes on in its language."""
-    engine = BaseLikeEngine()
+@pytest.mark.parametrize(
+    ("engine", "language", "why"),
+    [
+        # The fake engine is English-only, as tiny.en: German would decode to nothing.
+        (lambda: RecordingEngine(multilingual=False), "de", "English-only"),
+        # A language the model has no token for would fail or silence every decode.
+        (BaseLikeEngine, "yue", "does not know language 'yue'"),
+    ],
+    ids=["english-only", "no-token"],
+)
+def test_a_session_update_to_a_language_the_model_cannot_caption_is_refused(
+    engine: Callable[[], RecordingEngine], language: str, why: str
+) -> None:
+    """The update gets OpenAI's error, as a bad value does, before any `session.updated`, and
+    the session goes on in its language."""
+    recording = engine()
 
     def scenario(port: int) -> Any:
         with transcription(port) as conn:
-            conn.session.update(session=session_with(transcription={"language": "yue"}))
+            conn.session.update(session=session_with(transcription={"language": language}))
             refused = conn.recv()
             append(conn, BURST)
             conn.input_audio_buffer.commit()
             read_until(conn, completions(1))
             return refused
 
-    refused = run(scenario, engine=engine)
+    refused = run(scenario, engine=recording)
     assert refused.type == "error" and refused.error.code == "invalid_value"
-    assert "does not know language 'yue'" in refused.error.message
-    assert engine.languages and "yue" not in engine.languages
+    assert why in refused.error.message
+    assert recording.languages and set(recording.languages) == {"en"}
 
 
 def test_session_update_sets_the_prompt_and_a_refused_one_changes_nothing() -> None:

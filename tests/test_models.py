@@ -15,13 +15,13 @@ import socket
 import subprocess
 import sys
 import threading
-import wave
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import huggingface_hub.constants
 import pytest
+from daemon_harness import silent_wav
 from huggingface_hub.errors import LocalEntryNotFoundError
 
 from captiond import models
@@ -418,19 +418,10 @@ def test_a_relative_folder_is_named_by_the_folder_it_resolves_to(
     assert model_display_name(Path("/")) == "/"
 
 
-def _silence_wav(path: Path) -> Path:
-    with wave.open(str(path), "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(16_000)
-        out.writeframes(b"\0" * 32_000)
-    return path
-
-
 def test_an_english_only_model_given_as_dot_still_refuses_to_translate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    wav = _silence_wav(tmp_path / "silence.wav")
+    wav = silent_wav(tmp_path)
     monkeypatch.chdir(resolve_model(None))
     common = [str(wav), "--model", ".", "--engine", "faster-whisper", "--device", "cpu"]
     assert cli_main(["transcribe", *common, "--task", "translate"]) == 2
@@ -442,7 +433,7 @@ def test_an_english_only_model_given_as_dot_still_refuses_to_translate(
 def test_a_hub_that_cannot_be_reached_exits_1_so_that_the_service_retries(
     tmp_path: Path, hub_cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    wav = _silence_wav(tmp_path / "silence.wav")
+    wav = silent_wav(tmp_path)
     args = ["transcribe", str(wav), "--model", "large-v3", "--engine", "faster-whisper"]
     assert cli_main([*args, "--device", "cpu", "--download"]) == 1
     err = capsys.readouterr().err
