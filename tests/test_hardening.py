@@ -35,7 +35,7 @@ from daemon_harness import (
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from captiond.config import Config
+from captiond.config import Config, StreamConfig
 from captiond.dialects import Received
 from captiond.dialects.native import NativeDialect
 from captiond.engines.fake import FakeEngine
@@ -515,8 +515,11 @@ def test_auto_on_an_english_only_model_is_english_from_the_first_partial() -> No
 
     auto = run(scenario())
     (started,) = auto.of("speech_started")
-    first = auto.of("partial")[0]
-    assert first["end_ms"] - started["start_ms"] < 3000, "held back for a language detection"
+    # Positions in the stream's audio, not times: how much of the utterance the first
+    # partial covers, against the audio a detection would have waited for.
+    first_partial_audio_ms = auto.of("partial")[0]["end_ms"] - started["start_ms"]
+    detection_audio_ms = StreamConfig().language_detect_s * 1000  # 3000
+    assert first_partial_audio_ms < detection_audio_ms, "held back for a language detection"
     assert {m["language"] for m in auto.of("partial") + auto.of("final")} == {"en"}
     assert None not in engine.languages
 

@@ -38,9 +38,11 @@ class CaptionPrinter:
             print(json.dumps(message, ensure_ascii=False), file=self._out, flush=True)
         elif kind == "partial" and self._tty:
             stable, unstable = message["stable"], message["unstable"]
-            # A daemon before `separator`: a space unless both sides are Chinese or Japanese.
-            space = " " if stable and unstable and not joins_without_space(stable, unstable) else ""
-            self._show_partial(stable, message.get("separator", space), unstable)
+            space = message.get("separator")
+            if space is None:  # a daemon before `separator`: a space unless both sides are CJK
+                glued = not stable or not unstable or joins_without_space(stable, unstable)
+                space = "" if glued else " "
+            self._show_partial(stable, space, unstable)
         elif kind == "final":
             self._clear()
             if message.get("text"):
