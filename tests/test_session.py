@@ -1249,7 +1249,7 @@ def test_a_language_change_starts_a_new_context(stream: StreamConfig) -> None:
     driver.send(silence(0.3))
     driver.send(tone(2.0))
     driver.send(silence(1.0))
-    driver.send(tone(2.0))
+    driver.send(tone(3.5))  # `language_detect_s` or more: enough to switch on
     driver.send(silence(1.0))
     driver.control(Control.END)
     finals = driver.of(Final)
@@ -1271,7 +1271,7 @@ def test_a_decode_that_finds_a_new_language_after_the_old_ones_text_is_done_agai
     driver = Driver(
         decoder, partials=False, early_finals=False, params=StreamParams(language="auto")
     )
-    driver.send(np.concatenate([silence(0.3), tone(2.0), silence(1.0), tone(2.0), silence(1.0)]))
+    driver.send(np.concatenate([silence(0.3), tone(2.0), silence(1.0), tone(3.5), silence(1.0)]))
     driver.control(Control.END)
     assert [f.language for f in driver.of(Final)] == ["de", "fr"]
     second = [r.engine_request for r in driver.requests if r.utterance == 1]
@@ -1308,6 +1308,54 @@ def test_an_utterance_the_first_second_does_not_tell_is_detected_on_more_audio()
     assert [r.kind for r in detecting] == [DecodeKind.PARTIAL, DecodeKind.PARTIAL]
     heard_s = [(r.end_sample - r.start_sample) / RATE for r in detecting]
     assert heard_s[0] < 2.0 <= 3.0 <= heard_s[1]
+
+
+def heard_as(first_s: float, short: str, long: str) -> Decoder:
+    """An engine after a German first utterance: later utterances are heard as `short` (sure,
+    0.91) on less than `first_s` of audio and as `long` on more."""
+
+    def decode(request: EngineRequest) -> EngineResult:
+        result = fake_decoder()(request)
+        heard_s = (len(request.audio) - request.detect_from_sample) / RATE
+        if request.language is not None:
+            language = request.language
+        elif request.language_hint is None:
+            language = "de"
+        else:
+            language = short if heard_s < first_s else long
+        return dataclasses.replace(result, language=language, language_probability=0.91)
+
+    return decode
+
+
+def test_a_second_heard_as_another_language_does_not_switch_the_session() -> None:
+    """base heard the first second of a German sentence as English at 0.91 and the sentence
+    was decoded in English (translated). Another language on less than `language_detect_s`
+    of audio waits for that much, which tells German: nothing is shown in English."""
+    driver = Driver(heard_as(2.0, "en", "de"), params=StreamParams(language="auto"))
+    driver.send(np.concatenate([silence(0.3), tone(3.5), silence(1.0), tone(5.0), silence(1.0)]))
+    driver.control(Control.END)
+    assert [f.language for f in driver.of(Final)] == ["de", "de"]
+    shown = [m for m in driver.of(Partial) + driver.of(Final) if m.segment == 1]
+    assert shown and {m.language for m in shown} == {"de"}, "nothing shown in English"
+    detecting = [
+        r for r in driver.requests if r.utterance == 1 and r.engine_request.language is None
+    ]
+    heard_s = [(r.end_sample - r.start_sample) / RATE for r in detecting]
+    assert len(heard_s) == 2 and heard_s[0] < 2.0 <= 3.0 <= heard_s[1]
+
+
+def test_an_utterance_too_short_to_tell_is_decoded_in_the_session_language() -> None:
+    """Under `language_detect_s` of audio is too little to switch on, however sure the
+    detection: a short utterance after German is decoded in German, never detected."""
+    driver = Driver(heard_as(30.0, "ko", "ko"), params=StreamParams(language="auto"))
+    driver.send(np.concatenate([silence(0.3), tone(3.5), silence(1.0), tone(2.0), silence(1.0)]))
+    driver.control(Control.END)
+    assert [f.language for f in driver.of(Final)] == ["de", "de"]
+    second = [r.engine_request for r in driver.requests if r.utterance == 1]
+    finals = [r for r in second if r.kind is DecodeKind.FINAL]
+    assert finals and all(r.language == "de" for r in finals)
+    assert all(p.language == "de" for p in driver.of(Partial) if p.segment == 1)
 
 
 def test_fixed_language_and_translate_reach_the_engine() -> None:

@@ -137,7 +137,8 @@ class StreamConfig:
     # With language "auto", an utterance's language is decided once, by its first decode,
     # which waits for this much audio while the session has no language yet (a second of
     # speech is too little to tell: base then confuses Italian with Spanish and English); once
-    # it has one, 1 s is enough, since only a sure detection of another language switches.
+    # it has one, 1 s is enough to keep it (when sure of it); another language is only
+    # switched to on this much audio (session.py: _SURE_SAME_LANGUAGE and below).
     language_detect_s: float = 3.0
     # Whisper's hallucination filter for finals.
     no_speech_threshold: float = 0.6

@@ -39,7 +39,8 @@ from captiond.models import resolve_model
 
 def add_languages_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("languages", help="language identification and WER/CER per language")
-    common.add_options(p, default_clips="utterance")
+    # Long recordings too: a session of many utterances is where a language switch shows.
+    common.add_options(p, default_clips="utterance,long")
     p.add_argument(
         "--lid-min-s", type=float, default=3.0, help="clips this long count for identification"
     )

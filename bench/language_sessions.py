@@ -1,0 +1,77 @@
+"""A corpus of sessions of many utterances in one language, for `captiond bench languages`.
+
+    python3 bench/language_sessions.py ../shared/speech-multi OUT
+    captiond bench languages --manifest OUT/manifest.jsonl --model base --speed 2 --out DIR
+
+Each clip of the multilingual corpus is a session of one utterance, so its language is
+detected without a session language to lean on, and a wrong switch within a session never
+shows. Here each language's exact-reference utterances (four or more) follow one another with
+`GAP_S` of silence between them, as one long clip (kind `long`) whose reference is theirs
+joined: with `?language=auto` every utterance after the first is detected with the session's
+language as the hint (hysteresis), and the whole-file decode hears the earlier utterances as
+its context. The clips are written to OUT (never into the repository).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import wave
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from captiond import SAMPLE_RATE_HZ
+from captiond.bench.wer import CHARACTER_LANGUAGES
+from captiond_client.audiofile import read_audio_16k_mono, to_pcm_s16le
+
+GAP_S = 1.0
+MIN_UTTERANCES = 4
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("corpus", type=Path, help="the multilingual corpus folder (manifest.jsonl)")
+    parser.add_argument("out", type=Path, help="folder for the clips and their manifest.jsonl")
+    args = parser.parse_args()
+    with (args.corpus / "manifest.jsonl").open(encoding="utf-8") as fh:
+        entries = [json.loads(line) for line in fh if line.strip()]
+    by_language: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
+    for e in entries:
+        if e["kind"] == "utterance" and e.get("ref_quality") == "exact":
+            by_language[e["language"]].append(e)
+    (args.out / "wav").mkdir(parents=True, exist_ok=True)
+    gap = np.zeros(round(GAP_S * SAMPLE_RATE_HZ), dtype=np.float32)
+    with (args.out / "manifest.jsonl").open("w", encoding="utf-8") as manifest:
+        for language, utterances in sorted(by_language.items()):
+            if len(utterances) < MIN_UTTERANCES:
+                continue
+            parts = []
+            for e in utterances:
+                parts += [read_audio_16k_mono(args.corpus / e["file"]), gap]
+            samples = np.concatenate(parts)
+            file = f"wav/session_{language}.wav"
+            with wave.open(str(args.out / file), "wb") as w:
+                w.setnchannels(1)
+                w.setsampwidth(2)
+                w.setframerate(SAMPLE_RATE_HZ)
+                w.writeframes(to_pcm_s16le(samples))
+            joiner = "" if language in CHARACTER_LANGUAGES else " "
+            entry = {
+                "id": f"session_{language}",
+                "file": file,
+                "language": language,
+                "text": joiner.join(e["text"] for e in utterances),
+                "duration_s": round(len(samples) / SAMPLE_RATE_HZ, 2),
+                "kind": "long",
+                "ref_quality": "exact",
+                "utterances": [e["id"] for e in utterances],
+            }
+            manifest.write(json.dumps(entry, ensure_ascii=False) + "\n")
+            print(f"{entry['id']}: {len(utterances)} utterances, {entry['duration_s']} s")
+
+
+if __name__ == "__main__":
+    main()
