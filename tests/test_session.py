@@ -1347,7 +1347,8 @@ def test_a_second_heard_as_another_language_does_not_switch_the_session() -> Non
 
 def test_an_utterance_too_short_to_tell_is_decoded_in_the_session_language() -> None:
     """Under `language_detect_s` of audio is too little to switch on, however sure the
-    detection: a short utterance after German is decoded in German, never detected."""
+    detection: a short utterance after German, heard as Korean at 0.91, has its final decoded
+    in German."""
     driver = Driver(heard_as(30.0, "ko", "ko"), params=StreamParams(language="auto"))
     driver.send(np.concatenate([silence(0.3), tone(3.5), silence(1.0), tone(2.0), silence(1.0)]))
     driver.control(Control.END)

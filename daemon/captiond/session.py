@@ -563,7 +563,7 @@ class StreamSession:
             and kind is DecodeKind.FINAL
             and end - utt.start_sample < self._detect_samples
         ):
-            language = self._language  # too short to switch languages on (see above)
+            language = self._language  # too short to switch on (after _SURE_SAME_LANGUAGE)
         gate_from: int | None = None
         if not utt.speech_confirmed:
             gate_from = utt.start_sample
