@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import wave
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from captiond import SAMPLE_RATE_HZ
+from captiond.bench.common import select_clips, write_wav
 from captiond.bench.wer import CHARACTER_LANGUAGES
-from captiond_client.audiofile import read_audio_16k_mono, to_pcm_s16le
+from captiond_client.audiofile import read_audio_16k_mono
 
 GAP_S = 1.0
 MIN_UTTERANCES = 4
@@ -39,9 +39,8 @@ def main() -> None:
     with (args.corpus / "manifest.jsonl").open(encoding="utf-8") as fh:
         entries = [json.loads(line) for line in fh if line.strip()]
     by_language: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
-    for e in entries:
-        if e["kind"] == "utterance" and e.get("ref_quality") == "exact":
-            by_language[e["language"]].append(e)
+    for e in select_clips(entries, "utterance"):  # every utterance with an exact reference
+        by_language[e["language"]].append(e)
     (args.out / "wav").mkdir(parents=True, exist_ok=True)
     gap = np.zeros(round(GAP_S * SAMPLE_RATE_HZ), dtype=np.float32)
     with (args.out / "manifest.jsonl").open("w", encoding="utf-8") as manifest:
@@ -53,11 +52,7 @@ def main() -> None:
                 parts += [read_audio_16k_mono(args.corpus / e["file"]), gap]
             samples = np.concatenate(parts)
             file = f"wav/session_{language}.wav"
-            with wave.open(str(args.out / file), "wb") as w:
-                w.setnchannels(1)
-                w.setsampwidth(2)
-                w.setframerate(SAMPLE_RATE_HZ)
-                w.writeframes(to_pcm_s16le(samples))
+            write_wav(args.out / file, samples)
             joiner = "" if language in CHARACTER_LANGUAGES else " "
             entry = {
                 "id": f"session_{language}",

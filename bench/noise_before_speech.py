@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import wave
 from pathlib import Path
 
 import numpy as np
 
 from captiond import SAMPLE_RATE_HZ
-from captiond.bench.common import select_clips
-from captiond_client.audiofile import read_audio_16k_mono, to_pcm_s16le
+from captiond.bench.common import select_clips, write_wav
+from captiond_client.audiofile import read_audio_16k_mono
 
 NOISES = (
     "noise_doing_the_dishes",
@@ -51,11 +50,7 @@ def main() -> None:
             lead = noise[: lead_s * SAMPLE_RATE_HZ].astype(np.float64) * NOISE_GAIN
             mixed = np.concatenate([lead, speech])
             clip_id = f"{utterance['id']}__{noise_id}_{lead_s}s"
-            with wave.open(str(args.out / "wav" / f"{clip_id}.wav"), "wb") as w:
-                w.setnchannels(1)
-                w.setsampwidth(2)
-                w.setframerate(SAMPLE_RATE_HZ)
-                w.writeframes(to_pcm_s16le(mixed))
+            write_wav(args.out / "wav" / f"{clip_id}.wav", mixed)
             entry = dict(utterance, id=clip_id, file=f"wav/{clip_id}.wav")
             entry["duration_s"] = len(mixed) / SAMPLE_RATE_HZ
             manifest.write(json.dumps(entry) + "\n")

@@ -94,7 +94,7 @@ _SURE_SAME_LANGUAGE = 0.5
 # Portuguese at 0.89, and decoded the sentences in those languages (the German one translated
 # to English). On the first 3 s of 109 utterances of the two corpora (14 languages) no other
 # language reached 0.7. A partial waits for `language_detect_s`; an utterance shorter than
-# that is decoded in the session's language (`_request`).
+# that is decoded in the session's language (`_too_short_to_switch`).
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -558,12 +558,8 @@ class StreamSession:
         else:
             beam = self._stream.final_beam_size
         language = utt.language
-        if (
-            language is None
-            and kind is DecodeKind.FINAL
-            and end - utt.start_sample < self._detect_samples
-        ):
-            language = self._language  # too short to switch on (after _SURE_SAME_LANGUAGE)
+        if language is None and kind is DecodeKind.FINAL and self._too_short_to_switch(utt, end):
+            language = self._language
         gate_from: int | None = None
         if not utt.speech_confirmed:
             gate_from = utt.start_sample
@@ -630,14 +626,18 @@ class StreamSession:
         if (
             request.kind is DecodeKind.PARTIAL
             and not utt.detect_longer
-            and self._language is not None
             and (language != self._language or probability < _SURE_SAME_LANGUAGE)
-            and request.end_sample - utt.start_sample < self._detect_samples
+            and self._too_short_to_switch(utt, request.end_sample)
         ):
             utt.detect_longer = True
             return False
         changed = self._decide_language(utt, language)
         return not (changed and (request.engine_request.prefix or request.engine_request.prompt))
+
+    def _too_short_to_switch(self, utt: _Utterance, end_sample: int) -> bool:
+        """Whether the utterance's audio up to `end_sample` is too little to leave the session's
+        language on (the comment after `_SURE_SAME_LANGUAGE`); False while there is none."""
+        return self._language is not None and end_sample - utt.start_sample < self._detect_samples
 
     def _decide_language(self, utt: _Utterance, language: str) -> bool:
         """An utterance's language is decided by its first decode and never changes (no

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
@@ -130,6 +131,6 @@ def _decode(container: InputContainer, stream: AudioStream) -> tuple[bytearray, 
     return converter.pcm, skipped
 
 
-def to_pcm_s16le(samples: npt.NDArray[np.float32]) -> bytes:
+def to_pcm_s16le(samples: npt.NDArray[np.floating[Any]]) -> bytes:
     """The inverse of the daemon's decoding (x / 32768), so 16-bit audio arrives bit-exact."""
     return np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2").tobytes()

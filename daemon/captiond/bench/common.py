@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import json
 import os
+import wave
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 from websockets.asyncio.client import connect
 
+from captiond import SAMPLE_RATE_HZ
 from captiond.bench.peer_whisperlive import MODES, peer_version
 from captiond.bench.report import config_dict, machine_facts, parse_settings
 from captiond.config import Config, load_config, override
@@ -30,7 +32,7 @@ from captiond.loop import run as run_loop
 from captiond.protocol import AUTO_LANGUAGE, check_language
 from captiond.scheduler import InferenceScheduler
 from captiond.server import Daemon
-from captiond_client.audiofile import read_audio_16k_mono
+from captiond_client.audiofile import read_audio_16k_mono, to_pcm_s16le
 from captiond_client.stream import stream_url
 
 KINDS = ("long", "utterance", "nonspeech")
@@ -117,6 +119,15 @@ def select_clips(entries: list[dict[str, Any]], spec: str) -> list[dict[str, Any
         else:
             raise ValueError(f"--clips: {item!r} is neither a kind ({', '.join(KINDS)}) nor an id")
     return chosen
+
+
+def write_wav(path: Path, samples: npt.NDArray[np.floating[Any]]) -> None:
+    """A 16 kHz mono 16-bit WAV, for corpora the bench scripts build (bench/*.py)."""
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SAMPLE_RATE_HZ)
+        w.writeframes(to_pcm_s16le(samples))
 
 
 def load_clips(manifest: Path, spec: str, max_s: float | None) -> list[Clip]:
