@@ -1,4 +1,5 @@
-"""Offline transcription of a whole file through the streaming session, without partials.
+"""Offline transcription of a whole file through the streaming session, without partials (or,
+for `captiond bench decode --partials`, with them, each decode answered at once).
 
 Runs on the calling thread, which owns the engine for the duration (the CLI's main thread, or a
 benchmark), and checks the speech gate there too. Using StreamSession itself guarantees the same
@@ -23,6 +24,8 @@ from captiond.text import join_texts
 from captiond.vad import webrtc_vad
 
 _CHUNK_MS = 500
+# With partials, audio goes in as a client streams it, so partials fall where a stream's would.
+_STREAM_CHUNK_MS = 100
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,17 +36,24 @@ class Transcript:
 
 
 def transcribe_samples(
-    samples: npt.NDArray[np.float32], engine: Engine, config: Config, task: str = "transcribe"
+    samples: npt.NDArray[np.float32],
+    engine: Engine,
+    config: Config,
+    task: str = "transcribe",
+    *,
+    partials: bool = False,
 ) -> Transcript:
-    """16 kHz mono float32 audio to the finals a stream of it would produce."""
+    """16 kHz mono float32 audio to the finals a stream of it would produce. With `partials`,
+    the session also asks for partials and early finals, as a live stream's does: its stable
+    words are then forced into partials and kept in finals, as they would be live."""
     session = StreamSession(
         config=config,
         vad=webrtc_vad(config.vad.aggressiveness),
         params=StreamParams(language=config.stream.language, task=task),
-        partials=False,
+        partials=partials,
         # A file has no latency to save: an early final would only decode again what the
         # final decodes the same way (its audio ends at the same sample either way).
-        early_finals=False,
+        early_finals=partials,
     )
     finals: list[Final] = []
     gated = applies(config.engine, engine.name)
@@ -56,7 +66,7 @@ def transcribe_samples(
             session.on_result(request, result)
         finals.extend(m for m in session.take_messages() if isinstance(m, Final))
 
-    chunk = ms_to_samples(_CHUNK_MS)
+    chunk = ms_to_samples(_STREAM_CHUNK_MS if partials else _CHUNK_MS)
     for start in range(0, len(samples), chunk):
         session.receive_samples(samples[start : start + chunk])
         drain()

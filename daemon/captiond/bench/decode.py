@@ -5,12 +5,16 @@ Main thread only. Each clip goes through `captiond.offline.transcribe_samples`, 
 partials and without waiting for the audio. So a setting that changes what a final decodes
 (`[vad] final_tail_ms`, `[stream] context_s`, `context_chars`, a beam size) can be weighed in
 minutes over hundreds of utterances, by its errors and by the engine time each final costs,
-before a real-time `bench stream` run confirms it. A clip is decoded in its manifest's
+before a real-time `bench stream` run confirms it. With `--partials` the session also asks for
+partials and early finals, each answered at once: what partials do to finals (stable words kept,
+an utterance shown in partials whose final is empty) shows, still without real time. A clip is
+decoded in its manifest's
 `language`, and scored in it (WER, or CER for languages written without spaces), with totals
 per language:
 
     captiond bench decode --clips utterance --set vad.final_tail_ms=390 --out DIR
     captiond bench decode --manifest ../shared/speech-multi/manifest.jsonl --model base --out DIR
+    captiond bench decode --clips utterance,long,nonspeech --partials --out DIR
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ from captiond.offline import transcribe_samples
 def add_decode_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("decode", help="errors and engine time per final, without real time")
     common.add_options(p, default_clips="utterance")
+    p.add_argument(
+        "--partials",
+        action="store_true",
+        help="also decode partials and early finals, as a stream does (each answered at once)",
+    )
     p.set_defaults(func=_bench_decode)
 
 
@@ -37,16 +46,24 @@ def _bench_decode(args: argparse.Namespace) -> int:
     env.engine.phases.drain()  # the warm-up's
     clips: dict[str, Any] = {}
     speech = exact = long = NO_ERRORS
-    finals, audio_s = 0, 0.0
+    finals, empty_finals, audio_s = 0, 0, 0.0
     per_language: dict[str, WerCounts] = {}
     progress = Progress("decode", len(env.clips))
     started = time.monotonic()
     for clip in env.clips:
         config = override(env.config, "stream", language=clip.language)
-        transcript = transcribe_samples(clip.samples, env.engine, config)
+        transcript = transcribe_samples(clip.samples, env.engine, config, partials=args.partials)
+        # An empty final only follows partials (offline, an utterance decoded to nothing
+        # sends none): an utterance whose words were shown, then lost.
+        empty = sum(1 for final in transcript.segments if not final.text)
         finals += len(transcript.segments)
+        empty_finals += empty
         audio_s += clip.duration_s
-        figures: dict[str, Any] = {"text": transcript.text, "finals": len(transcript.segments)}
+        figures: dict[str, Any] = {
+            "text": transcript.text,
+            "finals": len(transcript.segments),
+            "empty_finals": empty,
+        }
         if clip.kind == "nonspeech":
             figures["words"] = len(normalize(transcript.text))
         else:
@@ -73,6 +90,7 @@ def _bench_decode(args: argparse.Namespace) -> int:
         "wer": round(speech.wer, 4),
         "nonspeech_words": sum(clips[c.id]["words"] for c in env.clips if c.kind == "nonspeech"),
         "finals": finals,
+        "empty_finals": empty_finals,
         "engine_ms_per_final": per_final_ms,
         "per_language": {
             language: {"errors": c.errors, "reference_units": c.reference_words}
@@ -80,14 +98,18 @@ def _bench_decode(args: argparse.Namespace) -> int:
         },
         "rtf": round(wall_s / audio_s, 3) if audio_s else None,
     }
-    data = common.header(args, env, "decode") | {"overall": overall, "per_clip": clips}
+    data = common.header(args, env, "decode") | {
+        "partials": args.partials,
+        "overall": overall,
+        "per_clip": clips,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"decode-{data['machine']['host']}.json"
     write_json(path, data)
     per_final = ", ".join(f"{k} {v} ms" for k, v in per_final_ms.items())
     print(
-        f"{len(env.clips)} clips, {finals} finals: {speech.errors} errors in "
-        f"{speech.reference_words} words ({100 * speech.wer:.2f} %); exact references "
+        f"{len(env.clips)} clips, {finals} finals ({empty_finals} empty): {speech.errors} "
+        f"errors in {speech.reference_words} words ({100 * speech.wer:.2f} %); exact references "
         f"{overall['wer_exact_refs']}, long clips {overall['wer_long_pooled']}; non-speech words "
         f"{overall['nonspeech_words']}; per final: {per_final}; wrote {path}"
     )
