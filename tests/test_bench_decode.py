@@ -38,3 +38,27 @@ def test_bench_decode_counts_errors_and_engine_time_per_final(
     assert per_clip["bird_robin_inspectorj"]["words"] == overall["nonspeech_words"] == 0
     assert {"encode", "generate"} <= set(overall["engine_ms_per_final"])
     assert overall["engine_ms_per_final"]["generate"] > 0 < overall["engine_ms_per_final"]["encode"]
+
+
+def test_bench_decode_with_partials_shows_them_and_counts_empty_finals(
+    speech_dir: Path, tmp_path: Path
+) -> None:
+    argv = [
+        "bench",
+        "decode",
+        "--clips",
+        "jfk_inaugural_1961",
+        "--partials",
+        "--out",
+        str(tmp_path),
+    ]
+    argv += ["--manifest", str(speech_dir / "manifest.jsonl"), "--engine", "faster-whisper"]
+    assert main(argv) == 0
+    (path,) = tmp_path.glob("decode-*.json")
+    data = json.loads(path.read_text())
+    assert data["partials"] is True
+    clip, overall = data["per_clip"]["jfk_inaugural_1961"], data["overall"]
+    # About one partial per half second of its 11 s of speech, and no utterance lost.
+    assert clip["partials"] >= 10
+    assert clip["empty_finals"] == overall["empty_finals"] == 0
+    assert clip["finals"] >= 2 and clip["wer"] < 0.3, clip

@@ -78,6 +78,20 @@ def test_window_starts_at_the_oldest_final_that_fits() -> None:
     assert got.prompt == ""
 
 
+def test_alone_an_utterance_gets_neither_finals_nor_prompt() -> None:
+    # A final that decoded to nothing after its context is decoded again as if it began the
+    # stream: heard from the quiet before it, with no earlier text.
+    ctx = context(final(0, 4, "Long ago."), final(20, 25, "Recent."))
+    got = ctx.for_decode(
+        utterance_start=30 * RATE,
+        lead_sample=26 * RATE,
+        end_sample=33 * RATE,
+        window_samples=WINDOW,
+        alone=True,
+    )
+    assert (got.start_sample, got.prefix, got.prompt) == (26 * RATE, "", "")
+
+
 def test_finals_beyond_the_window_move_to_the_prompt() -> None:
     ctx = context(final(0, 4, "Long ago."), final(20, 25, "Recent."))
     # The window [start, 33 s) may be 30 s long: the final at 0 s does not fit, 20 s does.

@@ -1110,6 +1110,74 @@ def test_later_decodes_continue_from_the_decoded_final_not_the_stable_words() ->
     assert second[-1].engine_request.prefix == "Hello there, friend."
 
 
+def ends_at_once_after_context(*alone: str) -> Decoder:
+    """Partials hear "so we meet"; a final forced to continue earlier finals (or prompted with
+    them) ends at once, as Whisper did on a Japanese turn ("。"); those without them hear the
+    texts of `alone`, one after the other."""
+    texts = iter(alone)
+
+    def decode(request: EngineRequest) -> EngineResult:
+        if request.kind is DecodeKind.PARTIAL:
+            return after_prefix(request, EngineResult(text="so we meet"))
+        if request.prefix or request.prompt:
+            return EngineResult(text="。", avg_logprob=-0.1, no_speech_prob=0.0)
+        return EngineResult(text=next(texts), avg_logprob=-0.2, no_speech_prob=0.05)
+
+    return decode
+
+
+def finals_of_last_utterance(driver: Driver) -> list[EngineRequest]:
+    last = driver.requests[-1].utterance
+    return [
+        r.engine_request
+        for r in driver.requests
+        if r.utterance == last and r.kind is DecodeKind.FINAL
+    ]
+
+
+@pytest.mark.parametrize("early_finals", [True, False])
+@pytest.mark.parametrize("stream", [StreamConfig(), NO_CONTEXT], ids=["prefix", "prompt"])
+def test_a_final_that_ends_at_once_after_its_context_is_decoded_again_alone(
+    early_finals: bool, stream: StreamConfig
+) -> None:
+    driver = Driver(
+        ends_at_once_after_context("so we meet again", "so we met again"),
+        stream=stream,
+        early_finals=early_finals,
+    )
+    two_utterances(driver)
+    driver.control(Control.END)
+    assert [f.text for f in driver.of(Final)] == ["so we meet again", "so we met again"]
+    with_context, alone = finals_of_last_utterance(driver)
+    assert with_context.prefix if stream.context_s else with_context.prompt
+    assert (alone.prefix, alone.prompt) == ("", "")
+    assert alone.end_sample == with_context.end_sample
+    # Alone, its window starts as a stream's first utterance's does: at the quiet before it.
+    if with_context.prefix:
+        assert len(alone.audio) < len(with_context.audio)
+    else:
+        assert len(alone.audio) == len(with_context.audio)
+
+
+def test_a_final_that_ends_at_once_again_alone_keeps_its_stable_words() -> None:
+    driver = Driver(ends_at_once_after_context("so we meet again", ""))
+    two_utterances(driver)
+    driver.control(Control.END)
+    assert len(finals_of_last_utterance(driver)) == 2  # decoded alone once, not again
+    assert driver.of(Partial)[-1].stable == "so we"
+    assert [f.text for f in driver.of(Final)] == ["so we meet again", "so we"]
+
+
+def test_an_utterance_that_showed_no_words_is_not_decoded_again() -> None:
+    # Without partials, nothing was shown: a final with context that decodes to nothing may be
+    # noise, which Whisper alone could caption.
+    driver = Driver(ends_at_once_after_context("Thank you."), partials=False)
+    two_utterances(driver)
+    driver.control(Control.END)
+    assert [f.text for f in driver.of(Final)] == ["Thank you."]
+    assert [r.utterance for r in driver.requests].count(driver.requests[-1].utterance) == 1
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_no_final_contradicts_its_stable_words(data: st.DataObject) -> None:

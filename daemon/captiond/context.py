@@ -85,6 +85,7 @@ class TranscriptContext:
         end_sample: int,
         window_samples: int,
         forced_chars: int = 0,
+        alone: bool = False,
     ) -> DecodeContext:
         """The context of a decode of audio [utterance_start, end_sample): whole finals whose
         audio fits in the window together with the utterance, newest first, within
@@ -99,7 +100,13 @@ class TranscriptContext:
         too, and Whisper reads the first words after it better than after the pre-roll alone
         (see the README's accuracy section). With them it starts at the oldest one's start:
         hearing the quiet before that one too made dialogues worse.
+
+        `alone`: no finals and no prompt, the utterance as if it began the stream (a final
+        that decoded to nothing after them, see session.py).
         """
+        quiet_start = min(utterance_start, max(lead_sample, end_sample - window_samples))
+        if alone:
+            return DecodeContext(start_sample=quiet_start, prefix="", prompt="")
         used: list[CommittedFinal] = []
         chars = forced_chars
         for final in reversed(self._recent):
@@ -110,11 +117,7 @@ class TranscriptContext:
         used.reverse()
         older = self._older + [f.text for f in list(self._recent)[: len(self._recent) - len(used)]]
         return DecodeContext(
-            start_sample=(
-                used[0].start_sample
-                if used
-                else min(utterance_start, max(lead_sample, end_sample - window_samples))
-            ),
+            start_sample=used[0].start_sample if used else quiet_start,
             prefix=join_texts(f.text for f in used),
             prompt=tail_words(join_texts(older), self._prompt_chars),
         )

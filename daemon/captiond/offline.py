@@ -18,7 +18,7 @@ from captiond.audio import ms_to_samples
 from captiond.config import Config
 from captiond.engines import Engine
 from captiond.engines.speech_gate import applies, gate
-from captiond.protocol import Control, Final, StreamParams
+from captiond.protocol import Control, Final, Partial, StreamParams
 from captiond.session import StreamSession
 from captiond.text import join_texts
 from captiond.vad import webrtc_vad
@@ -33,6 +33,7 @@ class Transcript:
     text: str
     segments: tuple[Final, ...]
     audio_ms: int
+    partials: int = 0  # partial messages the session sent (with `partials`)
 
 
 def transcribe_samples(
@@ -51,20 +52,26 @@ def transcribe_samples(
         vad=webrtc_vad(config.vad.aggressiveness),
         params=StreamParams(language=config.stream.language, task=task),
         partials=partials,
-        # A file has no latency to save: an early final would only decode again what the
-        # final decodes the same way (its audio ends at the same sample either way).
+        # Without partials a file has no latency to save: an early final would only decode
+        # again what the final decodes the same way (its audio ends at the same sample).
         early_finals=partials,
     )
     finals: list[Final] = []
+    partials_sent = 0
     gated = applies(config.engine, engine.name)
 
     def drain() -> None:
+        nonlocal partials_sent
         while (request := session.next_request()) is not None:
             result = gate(request.engine_request) if gated else None
             if result is None:
                 (result,) = engine.transcribe_batch([request.engine_request])
             session.on_result(request, result)
-        finals.extend(m for m in session.take_messages() if isinstance(m, Final))
+        for message in session.take_messages():
+            if isinstance(message, Final):
+                finals.append(message)
+            elif isinstance(message, Partial):
+                partials_sent += 1
 
     chunk = ms_to_samples(_STREAM_CHUNK_MS if partials else _CHUNK_MS)
     for start in range(0, len(samples), chunk):
@@ -76,4 +83,5 @@ def transcribe_samples(
         text=join_texts(f.text for f in finals),
         segments=tuple(finals),
         audio_ms=session.audio_ms,
+        partials=partials_sent,
     )

@@ -10,7 +10,9 @@ Every decode continues the session's transcript (context.py): its window reaches
 earlier finals' audio and their decoded text is forced as Whisper's prefix, so only new words
 come back. Partials also force the utterance's stable words. Finals do not (partial-quality
 words would spread into every later decode); the final sent keeps the stable words verbatim and
-takes the rest from the decode (stabilize.keep_stable), so it never contradicts them.
+takes the rest from the decode (stabilize.keep_stable), so it never contradicts them. A final
+that decodes to nothing after its context, though partials showed words, is decoded again
+without it (`_decode_alone`).
 
 A final's decode covers its utterance up to `final_tail_ms` of silence (vad.py), so it can
 start before the endpoint confirms the utterance over: an early final. If the endpoint comes
@@ -158,6 +160,9 @@ class _Utterance:
     early_end_sample: int = 0  # audio end of the latest early final asked for
     # An early final's answer, kept until the endpoint: its request and the text decoded.
     early: tuple[DecodeRequest, str] | None = None
+    # Its final is decoded without the conversation's context: with it, it decoded to nothing
+    # although partials had shown words (`_decode_alone`).
+    alone: bool = False
     language: str | None = None  # decided once per utterance (with ?language=auto: detected)
     detect_longer: bool = False  # 1 s did not tell its language: detected on more audio
     chinese_variant: str = ""  # the stream's when the utterance began ("": as Whisper writes)
@@ -550,6 +555,7 @@ class StreamSession:
             end_sample=end,
             window_samples=window,
             forced_chars=len(join_units(forced)),
+            alone=kind is DecodeKind.FINAL and utt.alone,
         )
         if kind is DecodeKind.PARTIAL:
             beam = self._stream.partial_beam_size
@@ -693,10 +699,30 @@ class StreamSession:
         if utt is None:
             return
         if utt is self._open:
-            if self._segmenter.pause_sample == request.end_sample:
+            if self._segmenter.pause_sample == request.end_sample and not self._decode_alone(
+                utt, request, text
+            ):
                 utt.early = (request, text)
-        elif request.end_sample == utt.decode_end_sample:
+        elif request.end_sample == utt.decode_end_sample and not self._decode_alone(
+            utt, request, text
+        ):
             self._finish(self._closed.popleft(), request, decoded=text)
+
+    def _decode_alone(self, utt: _Utterance, request: DecodeRequest, text: str) -> bool:
+        """Whether the final is asked for again without context, instead of being sent: it was
+        decoded after earlier finals (or prompted with them), decoded to nothing, and the
+        utterance's partials had shown words. Conditioned on the conversation, Whisper can end
+        at once (a Japanese turn decoded to "。" after the turn before it), and the words the
+        reader saw would go with the final. Only an utterance that showed words is retried:
+        one that showed none may be noise, which alone Whisper may caption."""
+        engine_request = request.engine_request
+        if text or utt.segment is None or utt.alone:
+            return False
+        if not (engine_request.prefix or engine_request.prompt):
+            return False
+        utt.alone = True
+        utt.early_end_sample = 0  # an early final: due again while the speaker stays silent
+        return True
 
     def _finish_answered(self) -> None:
         """Send the final of each ended utterance whose early final decoded its audio."""

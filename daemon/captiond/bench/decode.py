@@ -63,6 +63,7 @@ def _bench_decode(args: argparse.Namespace) -> int:
             "text": transcript.text,
             "finals": len(transcript.segments),
             "empty_finals": empty,
+            "partials": transcript.partials,
         }
         if clip.kind == "nonspeech":
             figures["words"] = len(normalize(transcript.text))
