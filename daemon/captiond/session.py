@@ -12,7 +12,7 @@ come back. Partials also force the utterance's stable words. Finals do not (part
 words would spread into every later decode); the final sent keeps the stable words verbatim and
 takes the rest from the decode (stabilize.keep_stable), so it never contradicts them. A final
 that decodes to nothing after its context, though partials showed words, is decoded again
-without it (`_decode_alone`).
+without it (`_ask_again_alone`).
 
 A final's decode covers its utterance up to `final_tail_ms` of silence (vad.py), so it can
 start before the endpoint confirms the utterance over: an early final. If the endpoint comes
@@ -161,7 +161,7 @@ class _Utterance:
     # An early final's answer, kept until the endpoint: its request and the text decoded.
     early: tuple[DecodeRequest, str] | None = None
     # Its final is decoded without the conversation's context: with it, it decoded to nothing
-    # although partials had shown words (`_decode_alone`).
+    # although partials had shown words (`_ask_again_alone`).
     alone: bool = False
     language: str | None = None  # decided once per utterance (with ?language=auto: detected)
     detect_longer: bool = False  # 1 s did not tell its language: detected on more audio
@@ -695,26 +695,28 @@ class StreamSession:
     def _take_final(self, utt: _Utterance | None, request: DecodeRequest, text: str) -> None:
         """A final decode's text: the final of its ended utterance when it decoded that
         utterance's audio; an early final's, kept while the speaker is still silent; else
-        (the speaker went on after an early final) nothing."""
+        (the speaker went on after an early final) nothing. Either may be asked for again
+        alone instead (`_ask_again_alone`)."""
         if utt is None:
             return
         if utt is self._open:
-            if self._segmenter.pause_sample == request.end_sample and not self._decode_alone(
-                utt, request, text
-            ):
-                utt.early = (request, text)
-        elif request.end_sample == utt.decode_end_sample and not self._decode_alone(
-            utt, request, text
-        ):
+            wanted = self._segmenter.pause_sample == request.end_sample
+        else:
+            wanted = request.end_sample == utt.decode_end_sample
+        if not wanted or self._ask_again_alone(utt, request, text):
+            return
+        if utt is self._open:
+            utt.early = (request, text)
+        else:
             self._finish(self._closed.popleft(), request, decoded=text)
 
-    def _decode_alone(self, utt: _Utterance, request: DecodeRequest, text: str) -> bool:
-        """Whether the final is asked for again without context, instead of being sent: it was
+    def _ask_again_alone(self, utt: _Utterance, request: DecodeRequest, text: str) -> bool:
+        """Ask for the utterance's final again without context, and say so, when this one was
         decoded after earlier finals (or prompted with them), decoded to nothing, and the
         utterance's partials had shown words. Conditioned on the conversation, Whisper can end
         at once (a Japanese turn decoded to "。" after the turn before it), and the words the
-        reader saw would go with the final. Only an utterance that showed words is retried:
-        one that showed none may be noise, which alone Whisper may caption."""
+        reader saw would go with the final. Only an utterance that showed words is asked
+        again: one that showed none may be noise, which Whisper alone may caption."""
         engine_request = request.engine_request
         if text or utt.segment is None or utt.alone:
             return False

@@ -8,9 +8,8 @@ minutes over hundreds of utterances, by its errors and by the engine time each f
 before a real-time `bench stream` run confirms it. With `--partials` the session also asks for
 partials and early finals, each answered at once: what partials do to finals (stable words kept,
 an utterance shown in partials whose final is empty) shows, still without real time. A clip is
-decoded in its manifest's
-`language`, and scored in it (WER, or CER for languages written without spaces), with totals
-per language:
+decoded in its manifest's `language`, and scored in it (WER, or CER for languages written
+without spaces), with totals per language:
 
     captiond bench decode --clips utterance --set vad.final_tail_ms=390 --out DIR
     captiond bench decode --manifest ../shared/speech-multi/manifest.jsonl --model base --out DIR
