@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -80,16 +81,20 @@ def test_window_starts_at_the_oldest_final_that_fits() -> None:
 
 def test_alone_an_utterance_gets_neither_finals_nor_prompt() -> None:
     # A final that decoded to nothing after its context is decoded again as if it began the
-    # stream: heard from the quiet before it, with no earlier text.
+    # stream: heard from the quiet before it (26 s), with no earlier text.
     ctx = context(final(0, 4, "Long ago."), final(20, 25, "Recent."))
-    got = ctx.for_decode(
+    decode = partial(
+        ctx.for_decode,
         utterance_start=30 * RATE,
         lead_sample=26 * RATE,
         end_sample=33 * RATE,
         window_samples=WINDOW,
-        alone=True,
     )
-    assert (got.start_sample, got.prefix, got.prompt) == (26 * RATE, "", "")
+    for got, expected in (
+        (decode(), (20 * RATE, "Recent.", "Long ago.")),
+        (decode(alone=True), (26 * RATE, "", "")),
+    ):
+        assert (got.start_sample, got.prefix, got.prompt) == expected
 
 
 def test_finals_beyond_the_window_move_to_the_prompt() -> None:
