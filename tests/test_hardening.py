@@ -746,6 +746,42 @@ def test_metrics_are_scraped_by_the_prometheus_parser() -> None:
     assert samples[("captiond_engine_phase_seconds_total", (("phase", "decode"),))] > 0
 
 
+@pytest.mark.parametrize(
+    ("host", "config", "status"),
+    [
+        ("evil.example", {}, b"403"),  # DNS rebinding: a page's GET of its own origin
+        ("evil.example", {"server": {"allowed_origins": ("http://evil.example",)}}, b"200"),
+        ("evil.example", {"server": {"allowed_origins": ("*",)}}, b"200"),
+        ("evil.example", {"auth": {"token": TOKEN}}, b"200"),  # the token guards it
+        ("localhost:PORT", {}, b"200"),
+        ("127.0.0.1:PORT", {}, b"200"),
+        ("[::1]:PORT", {}, b"200"),
+        ("MACHINE.local", {}, b"200"),
+        ("", {}, b"200"),  # no Host header: no browser
+    ],
+)
+def test_metrics_without_a_token_answer_only_this_machines_names(
+    host: str, config: dict[str, Any], status: bytes
+) -> None:
+    """A site whose DNS name is rebound to 127.0.0.1 makes its page's GET /metrics a same-origin
+    request: no Origin header, only its own name as Host."""
+    machine = socket.gethostname().split(".")[0].lower()
+
+    async def scenario() -> bytes:
+        async with running_daemon(make_config(**config)) as daemon:
+            given = host.replace("PORT", str(daemon.port)).replace("MACHINE", machine)
+            headers = f"Host: {given}\r\n" if given else ""
+            if "auth" in config:
+                headers += f"Authorization: Bearer {TOKEN}\r\n"
+            request = f"GET /metrics HTTP/1.1\r\n{headers}\r\n"
+            return await _raw_request(daemon.port, request.encode())
+
+    answer = run(scenario())
+    assert answer.startswith(b"HTTP/1.1 " + status), answer[:200]
+    if status == b"403":
+        assert b"does not name this machine" in answer
+
+
 def _get(target: str, headers: dict[str, str]) -> str:
     """The body of a GET of Prometheus' exposition text, checking its one Content-Type."""
     from prometheus_client import CONTENT_TYPE_LATEST

@@ -12,6 +12,9 @@ The rules, as the README's security section states them:
   `localhost`, or the machine's host name. Otherwise a site whose DNS name is rebound to
   127.0.0.1 would be the daemon's own origin in the browser's eyes (DNS rebinding); a name
   that reaches the daemon through a reverse proxy is listed in `allowed_origins`.
+- Host, for `/metrics` without a token: a page's GET of its own origin carries no Origin, so a
+  site rebound to 127.0.0.1 could read the metrics; the name the request was sent to must name
+  this machine, as above, or be the host of an origin in `allowed_origins`.
 - Token (when `[auth] token` is set): `Authorization: Bearer TOKEN` (RFC 6750; the scheme is
   case-insensitive) or `?token=TOKEN`. Every credential given must be right: a wrong one is
   never outvoted by a right one, and an Authorization header of another scheme is refused.
@@ -28,7 +31,7 @@ from collections import Counter
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
-from captiond.errors import OriginNotAllowedError, UnauthorizedError
+from captiond.errors import HostNotAllowedError, OriginNotAllowedError, UnauthorizedError
 
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
@@ -57,6 +60,26 @@ def check_origin(
     reason = "it is not this daemon's origin" if not same_host else "its host is not this machine"
     raise OriginNotAllowedError(
         f"origin {origin!r} may not connect ({reason}); add it to [server] allowed_origins"
+    )
+
+
+def check_host(host: str | None, allowed: tuple[str, ...], names: frozenset[str]) -> None:
+    """Refuse a request sent to a name that may be an outside site's (see the module
+    docstring): one that names neither this machine nor an allowed origin's host. A request
+    without a Host header comes from no browser and passes."""
+    if host is None or "*" in allowed:
+        return
+    try:
+        name = urlsplit("//" + host).hostname
+    except ValueError:  # "[::1": no host at all
+        name = None
+    if name and (
+        _names_this_machine(name, names) or name in {urlsplit(a).hostname for a in allowed}
+    ):
+        return
+    raise HostNotAllowedError(
+        f"host {host!r} does not name this machine (a site's name rebound to it?); add its "
+        "origin to [server] allowed_origins, or set a token"
     )
 
 

@@ -32,7 +32,8 @@ class ServerConfig:
     tls_key: str = ""
     # Browsers send Origin: a page of another site must not reach the daemon with the user's
     # network position (cross-site websocket hijacking). Same-origin pages and clients that send
-    # no Origin (CLI, apps) are let in; other origins only when listed here ("*": any).
+    # no Origin (CLI, apps) are let in; other origins only when listed here ("*": any). Their
+    # hosts may also read /metrics without a token (access.check_host).
     allowed_origins: tuple[str, ...] = ()
     # Websocket connections (streams and viewers) from one IP address at a time.
     max_sessions_per_ip: int = 16

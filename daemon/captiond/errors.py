@@ -107,6 +107,13 @@ class OriginNotAllowedError(RequestRejectedError):
     status = 403
 
 
+class HostNotAllowedError(RequestRejectedError):
+    """A request without a token for what a page could read, sent to a name that is not this
+    machine's (a site's DNS name rebound to it) and not an allowed origin's host."""
+
+    status = 403
+
+
 class EngineFailedError(SessionError):
     """The inference engine raised while decoding this session's audio."""
 

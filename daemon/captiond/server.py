@@ -35,7 +35,13 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.http11 import Request, Response
 
 from captiond import SAMPLE_RATE_HZ
-from captiond.access import ConnectionsPerIp, check_origin, check_token, machine_names
+from captiond.access import (
+    ConnectionsPerIp,
+    check_host,
+    check_origin,
+    check_token,
+    machine_names,
+)
 from captiond.audio import ms_to_samples
 from captiond.chinese import VARIANTS
 from captiond.config import Config, ServerConfig
@@ -300,6 +306,12 @@ class Daemon:
                     request.headers.get("Authorization"),
                     endpoint.auth_schemes if endpoint else ("bearer",),
                 )
+                if url.path == "/metrics" and not self.config.auth.token:
+                    check_host(
+                        request.headers.get("Host"),
+                        self.config.server.allowed_origins,
+                        self._machine_names,
+                    )
             except RequestRejectedError as exc:
                 log.info("refused %s from %s: %s", url.path, connection.remote_address, exc)
                 self._count_refused(exc.status)
