@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from captiond import SAMPLE_RATE_HZ
-from captiond.bench.common import select_clips, write_wav
+from captiond.bench.common import read_manifest, select_clips, write_wav
 from captiond.bench.wer import CHARACTER_LANGUAGES
 from captiond_client.audiofile import read_audio_16k_mono
 
@@ -36,9 +36,8 @@ def main() -> None:
     parser.add_argument("corpus", type=Path, help="the multilingual corpus folder (manifest.jsonl)")
     parser.add_argument("out", type=Path, help="folder for the clips and their manifest.jsonl")
     args = parser.parse_args()
-    with (args.corpus / "manifest.jsonl").open(encoding="utf-8") as fh:
-        entries = [json.loads(line) for line in fh if line.strip()]
     by_language: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
+    entries = read_manifest(args.corpus / "manifest.jsonl")
     for e in select_clips(entries, "utterance"):  # every utterance with an exact reference
         by_language[e["language"]].append(e)
     (args.out / "wav").mkdir(parents=True, exist_ok=True)

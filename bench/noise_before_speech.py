@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from captiond import SAMPLE_RATE_HZ
-from captiond.bench.common import select_clips, write_wav
+from captiond.bench.common import read_manifest, select_clips, write_wav
 from captiond_client.audiofile import read_audio_16k_mono
 
 NOISES = (
@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("corpus", type=Path, help="the speech corpus folder (manifest.jsonl)")
     parser.add_argument("out", type=Path, help="folder for the clips and their manifest.jsonl")
     args = parser.parse_args()
-    clips = [json.loads(line) for line in (args.corpus / "manifest.jsonl").open()]
+    clips = read_manifest(args.corpus / "manifest.jsonl")
     by_id = {clip["id"]: clip for clip in clips}
     (args.out / "wav").mkdir(parents=True, exist_ok=True)
     with (args.out / "manifest.jsonl").open("w") as manifest:

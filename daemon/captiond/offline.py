@@ -22,10 +22,9 @@ from captiond.protocol import Control, Final, Partial, StreamParams
 from captiond.session import StreamSession
 from captiond.text import join_texts
 from captiond.vad import webrtc_vad
+from captiond_client.stream import CHUNK_MS as CLIENT_CHUNK_MS
 
 _CHUNK_MS = 500
-# With partials, audio goes in as a client streams it, so partials fall where a stream's would.
-_STREAM_CHUNK_MS = 100
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,7 +72,9 @@ def transcribe_samples(
             elif isinstance(message, Partial):
                 partials_sent += 1
 
-    chunk = ms_to_samples(_STREAM_CHUNK_MS if partials else _CHUNK_MS)
+    # With partials, audio goes in as the client streams it, so partials fall where a
+    # stream's would.
+    chunk = ms_to_samples(CLIENT_CHUNK_MS if partials else _CHUNK_MS)
     for start in range(0, len(samples), chunk):
         session.receive_samples(samples[start : start + chunk])
         drain()

@@ -699,13 +699,11 @@ class StreamSession:
         alone instead (`_ask_again_alone`)."""
         if utt is None:
             return
-        if utt is self._open:
-            wanted = self._segmenter.pause_sample == request.end_sample
-        else:
-            wanted = request.end_sample == utt.decode_end_sample
-        if not wanted or self._ask_again_alone(utt, request, text):
+        early = utt is self._open
+        wanted_end = self._segmenter.pause_sample if early else utt.decode_end_sample
+        if request.end_sample != wanted_end or self._ask_again_alone(utt, request, text):
             return
-        if utt is self._open:
+        if early:
             utt.early = (request, text)
         else:
             self._finish(self._closed.popleft(), request, decoded=text)

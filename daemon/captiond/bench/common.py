@@ -130,11 +130,15 @@ def write_wav(path: Path, samples: npt.NDArray[np.floating[Any]]) -> None:
         w.writeframes(to_pcm_s16le(samples))
 
 
-def load_clips(manifest: Path, spec: str, max_s: float | None) -> list[Clip]:
+def read_manifest(manifest: Path) -> list[dict[str, Any]]:
+    """A corpus manifest's entries (one JSON object per line), in order."""
     with manifest.open(encoding="utf-8") as fh:
-        entries = [json.loads(line) for line in fh if line.strip()]
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def load_clips(manifest: Path, spec: str, max_s: float | None) -> list[Clip]:
     clips = []
-    for e in select_clips(entries, spec):
+    for e in select_clips(read_manifest(manifest), spec):
         samples = read_audio_16k_mono(manifest.parent / e["file"])
         if max_s is not None:
             samples = samples[: int(max_s * 16_000)]
