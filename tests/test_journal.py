@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import logging
 import os
 import stat
 import time
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from captiond import journal as journal_module
 from captiond import journal_read
 from captiond.cli import main
 from captiond.config import Config, JournalConfig, config_from_mapping, dump_toml, load_config
@@ -343,6 +345,42 @@ def test_write_error_fails_the_append_and_the_session_goes_on_in_a_new_part(
     session = find_session(journal_dir, "abc")
     assert len(session.files) == 2 and session.files[1].name.endswith(".1.jsonl")
     assert [f.segment for f in session.finals] == [0, 2] and session.ended
+
+
+def test_a_live_streams_final_that_fails_is_logged_once_per_run_and_the_next_one_is_journaled(
+    journal: Journal,
+    journal_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """record_final never raises: a disk full for two finals costs those two (one error logged
+    for the run, one warning when writing works again), and the session's record goes on."""
+    real = journal_module._write_all
+    failing = {1, 2}
+
+    def full_for_some(target: Any, data: bytes) -> None:
+        if failing and b'"segment":' + str(min(failing)).encode() in data:
+            failing.discard(min(failing))
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(target, data)
+
+    monkeypatch.setattr(journal_module, "_write_all", full_for_some)
+
+    async def run() -> None:
+        s = _open(journal)
+        for segment in range(4):
+            await s.record_final(_final(segment))
+        await s.close(audio_ms=4000, segments=4, close_code=1000)
+
+    with caplog.at_level(logging.WARNING, logger="captiond.journal"):
+        asyncio.run(run())
+    session = find_session(journal_dir, "abc")
+    assert [f.segment for f in session.finals] == [0, 3] and session.ended
+    assert [(r.levelno, "No space left" in r.getMessage()) for r in caplog.records] == [
+        (logging.ERROR, True),
+        (logging.WARNING, False),
+    ]
+    assert "2 finals before this one were not journaled" in caplog.records[1].getMessage()
 
 
 # -- config ------------------------------------------------------------------------------------

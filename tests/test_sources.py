@@ -585,6 +585,42 @@ def test_a_sources_finals_are_journaled_before_viewers_get_them(tmp_path: Path) 
     assert session.ended and session.close_code == 1001
 
 
+def test_a_final_the_journal_cannot_write_costs_only_that_final(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A source runs for weeks: a disk full for one final used to end its journaling until a
+    restart (no later final, no end record). Now that final is missing from the record, the
+    next ones and the end record are there, and viewers got every caption."""
+    from captiond import journal
+    from captiond.journal_read import list_sessions
+
+    real = journal._write_all
+    failed: list[bytes] = []
+
+    def full_once(target: Any, data: bytes) -> None:
+        if not failed and b'"segment":1' in data:
+            failed.append(data)
+            raise OSError(28, "No space left on device")
+        real(target, data)
+
+    monkeypatch.setattr(journal, "_write_all", full_once)
+    source = ScriptedInput()
+    config = journaled_source_config(tmp_path)
+
+    async def scenario() -> list[Message]:
+        async with watched(config, source) as (_, viewer):
+            seen: list[Message] = []
+            source.feed(tone_bursts([1.0, 1.0, 1.0]))
+            await read_until(viewer, lambda m: len(texts(seen)) == 3, seen)
+            return seen
+
+    seen = asyncio.run(scenario())
+    assert failed and len(texts(seen)) == 3
+    (session,) = list_sessions(tmp_path)
+    assert [f.text for f in session.finals] == [texts(seen)[0], texts(seen)[2]]
+    assert session.ended and session.close_code == 1001
+
+
 async def _healthz(port: int) -> str:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:

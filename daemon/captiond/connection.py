@@ -39,7 +39,7 @@ from captiond.errors import (
     ShuttingDownError,
     close_code_for,
 )
-from captiond.journal import JournalError, SessionJournal
+from captiond.journal import SessionJournal
 from captiond.limits import AudioSpeedLimit
 from captiond.metrics import Metrics
 from captiond.protocol import (
@@ -463,8 +463,8 @@ class LiveStream:
         """Send what the session produced to the attached connection, if any. A final is
         journaled first and held until the client acknowledges it; other messages are only
         worth sending live. A stream that ends with an error gets its finals, then the error
-        instead of `done`. A journal that fails (disk full) is logged and given up for the
-        session: captions keep flowing."""
+        instead of `done`. A final the journal fails to write (disk full) is logged and the
+        next one tries again (`SessionJournal.record_final`): captions keep flowing."""
         self.drained.set()
         for message in self.session.take_messages():
             self._observe(message)
@@ -476,11 +476,7 @@ class LiveStream:
                 if isinstance(message, Final):
                     self.held.add(message)
                     if self.journal is not None:
-                        try:
-                            await self.journal.append_final(message)
-                        except JournalError as exc:
-                            log.error("journal failed, the session is not journaled: %s", exc)
-                            self.journal = None
+                        await self.journal.record_final(message)
                 if self._conn is not None:
                     with contextlib.suppress(ConnectionClosed):  # its reader sees the drop
                         await _send(self._conn, self._dialect, message)

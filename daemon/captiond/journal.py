@@ -329,6 +329,7 @@ class SessionJournal:
         self._journal = journal
         self._target = target
         self._closed = False
+        self._failed_finals = 0  # the current run of finals `record_final` could not write
 
     async def append_final(self, final: Final) -> None:
         """Return once the final's line is written and fsync'd (JournalError if it is not)."""
@@ -336,6 +337,26 @@ class SessionJournal:
             raise JournalError("the session's journal is closed")
         record = {**final.to_dict(), "at": _iso(_now())}
         await self._journal._write(self._target, record, last=False)
+
+    async def record_final(self, final: Final) -> None:
+        """`append_final` for a live stream, whose captions go on whatever the disk does: a
+        failure (disk full) is logged, not raised, and the next final tries again, in a fresh
+        part (the writer closed the torn one). A run of failures is logged when it starts and
+        when the journal writes again, so a full disk does not log once per final."""
+        try:
+            await self.append_final(final)
+        except JournalError as exc:
+            if self._failed_finals == 0:
+                log.error("journal %s: %s; trying again with each final", self._target.stem, exc)
+            self._failed_finals += 1
+            return
+        if self._failed_finals:
+            log.warning(
+                "journal %s: writing again; %d finals before this one were not journaled",
+                self._target.stem,
+                self._failed_finals,
+            )
+            self._failed_finals = 0
 
     async def close(
         self, *, audio_ms: int, segments: int, close_code: int, received_bytes: int = 0

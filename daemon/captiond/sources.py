@@ -133,11 +133,14 @@ class DaemonSource:
             self._set_state(STOPPED, "the daemon is shutting down")
             self.broadcast.close()
             if self._journal is not None:
-                await self._journal.close(
-                    audio_ms=self._session.audio_ms,
-                    segments=self._session.segments,
-                    close_code=1001,
-                )
+                try:
+                    await self._journal.close(
+                        audio_ms=self._session.audio_ms,
+                        segments=self._session.segments,
+                        close_code=1001,
+                    )
+                except JournalError as exc:  # the shutdown goes on without its end record
+                    log.error("source %s: journal end record failed: %s", self.name, exc)
             # Not `await capture`: that would swallow a cancellation of stop itself (the
             # shutdown's drain timeout) along with the capture's own.
             await asyncio.wait({capture})
@@ -154,11 +157,7 @@ class DaemonSource:
     async def _deliver(self) -> None:
         for message in self._session.take_messages():
             if isinstance(message, Final) and self._journal is not None:
-                try:
-                    await self._journal.append_final(message)
-                except JournalError as exc:
-                    log.error("source %s: journal failed, no longer journaled: %s", self.name, exc)
-                    self._journal = None
+                await self._journal.record_final(message)
             if not isinstance(message, Done):  # viewers learn of the end from the state
                 self.broadcast.publish(message)
 
