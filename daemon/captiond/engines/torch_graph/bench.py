@@ -23,7 +23,7 @@ from captiond.config import EngineConfig
 from captiond.engines import DecodeKind, EngineRequest
 from captiond.engines.torch_graph import TorchGraphEngine
 from captiond.engines.torch_graph.cuda_graph import bucket_for
-from captiond.engines.torch_graph.model import inference
+from captiond.engines.torch_graph.model import inference, step_attention
 
 SAMPLE_RATE_HZ = 16_000
 
@@ -124,17 +124,28 @@ def _stream_mel_s(engine: TorchGraphEngine, batch: int, audio: npt.NDArray[np.fl
 def _attention_kernels(engine: TorchGraphEngine) -> dict[str, str]:
     """The attention kernel torch picks for one 30-s window's encoder self-attention, by its
     own order and inside `inference()` (where torch_graph runs): on Hopper GPUs the first shows
-    whether torch would have taken cuDNN's."""
+    whether torch would have taken cuDNN's. `step`: the one it picks for the decode step's
+    self-attention (one query per row against the masked cache) under `step_attention()`."""
     dims = engine.model.dims
-    shape = (1, dims.n_audio_head, dims.n_audio_ctx, dims.n_audio_state // dims.n_audio_head)
-    q = torch.zeros(shape, dtype=engine.dtype, device=engine.device)
 
-    def chosen() -> str:
-        return SDPBackend(torch._fused_sdp_choice(q, q, q)).name
+    def zeros(*shape: int, dtype: torch.dtype = engine.dtype) -> torch.Tensor:
+        return torch.zeros(shape, dtype=dtype, device=engine.device)
 
-    by_default = chosen()
+    q = zeros(1, dims.n_audio_head, dims.n_audio_ctx, dims.n_audio_state // dims.n_audio_head)
+    text_head_width = dims.n_text_state // dims.n_text_head
+    step_q = zeros(1, dims.n_text_head, 1, text_head_width)
+    step_kv = zeros(1, dims.n_text_head, dims.n_text_ctx, text_head_width)
+    step_mask = zeros(1, 1, 1, dims.n_text_ctx, dtype=torch.bool)
+
+    def chosen(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None = None) -> str:
+        return SDPBackend(torch._fused_sdp_choice(q, kv, kv, attn_mask=mask)).name
+
+    by_default = chosen(q, q)
     with inference():
-        return {"torch_default": by_default, "torch_graph": chosen()}
+        eager = chosen(q, q)
+        with step_attention():
+            step = chosen(step_q, step_kv, step_mask)
+    return {"torch_default": by_default, "torch_graph": eager, "step": step}
 
 
 def measure(
