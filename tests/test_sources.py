@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -600,7 +601,7 @@ def test_a_final_the_journal_cannot_write_costs_only_that_final(
     def full_once(target: Any, data: bytes) -> None:
         if not failed and b'"segment":1' in data:
             failed.append(data)
-            raise OSError(28, "No space left on device")
+            raise OSError(errno.ENOSPC, "No space left on device")
         real(target, data)
 
     monkeypatch.setattr(journal, "_write_all", full_once)
