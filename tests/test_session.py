@@ -1178,6 +1178,67 @@ def test_an_utterance_that_showed_no_words_is_not_decoded_again() -> None:
     assert [r.utterance for r in driver.requests].count(driver.requests[-1].utterance) == 1
 
 
+def runs_out_of_tokens_after_a_prefix(decode_alone: str) -> Decoder:
+    """A final after a prefix stops at its token budget ("so we", truncated), as a long
+    Japanese utterance after a few hundred characters of context did; alone, it hears
+    `decode_alone` (the first utterance's final too)."""
+
+    def decode(request: EngineRequest) -> EngineResult:
+        if request.kind is DecodeKind.PARTIAL:
+            return after_prefix(request, EngineResult(text="so we meet"))
+        if request.prefix:
+            return EngineResult(text="so we", avg_logprob=-0.1, truncated=True)
+        return EngineResult(text=decode_alone, avg_logprob=-0.2, no_speech_prob=0.05)
+
+    return decode
+
+
+@pytest.mark.parametrize("early_finals", [True, False])
+def test_a_final_that_runs_out_of_tokens_after_its_prefix_is_decoded_again_alone(
+    early_finals: bool,
+) -> None:
+    driver = Driver(
+        runs_out_of_tokens_after_a_prefix("so we meet again"), early_finals=early_finals
+    )
+    two_utterances(driver)
+    driver.control(Control.END)
+    assert [f.text for f in driver.of(Final)] == ["so we meet again", "so we meet again"]
+    with_prefix, alone = finals_of_last_utterance(driver)
+    assert with_prefix.prefix == "so we meet again" and alone.prefix == alone.prompt == ""
+    assert alone.end_sample == with_prefix.end_sample
+
+
+def test_a_truncated_final_without_a_prefix_is_not_decoded_again() -> None:
+    # The prompt does not count in the decode's budget (fit_prompt keeps it under 224 tokens):
+    # alone, the final would have no more room.
+    def decode(request: EngineRequest) -> EngineResult:
+        if request.kind is DecodeKind.PARTIAL:
+            return after_prefix(request, EngineResult(text="so we meet"))
+        return EngineResult(text="so we meet", avg_logprob=-0.1, truncated=bool(request.prompt))
+
+    driver = Driver(decode, stream=NO_CONTEXT)
+    two_utterances(driver)
+    driver.control(Control.END)
+    assert len(finals_of_last_utterance(driver)) == 1
+    assert finals_of_last_utterance(driver)[0].prompt
+
+
+def test_a_loop_that_ran_out_of_tokens_is_not_decoded_again_when_nothing_was_shown() -> None:
+    # The filters drop a repetition loop (compression ratio), and nothing was shown: noise,
+    # which Whisper alone could caption too.
+    def decode(request: EngineRequest) -> EngineResult:
+        if request.prefix:
+            loop = " ".join(["la"] * 40)
+            return EngineResult(text=loop, compression_ratio=9.0, truncated=True)
+        return EngineResult(text="Thank you.", avg_logprob=-0.2, no_speech_prob=0.05)
+
+    driver = Driver(decode, partials=False)
+    two_utterances(driver)
+    driver.control(Control.END)
+    assert len(finals_of_last_utterance(driver)) == 1
+    assert [f.text for f in driver.of(Final)] == ["Thank you."]
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_no_final_contradicts_its_stable_words(data: st.DataObject) -> None:

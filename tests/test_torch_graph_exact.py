@@ -217,6 +217,31 @@ def test_greedy_tokens_identical_to_faster_whisper(
     assert not mismatches, f"token mismatch on clips {mismatches}"
 
 
+def test_both_engines_say_when_a_decode_runs_out_of_tokens(
+    engine: TorchGraphEngine, model_path: Path, jfk: npt.NDArray[np.float32]
+) -> None:
+    """A forced prefix counts in the decode's budget (new_token_budget): after 13 copies of the
+    sentence (~220 tokens) the JFK clip has room for a few tokens only. Both engines stop at
+    the same token and say so (the session then decodes the final again alone)."""
+    from captiond.engines.faster_whisper import FasterWhisperEngine
+
+    reference = FasterWhisperEngine(
+        model_path, EngineConfig(name="faster-whisper", device="cpu", compute_type="float32")
+    )
+    text = "And so, my fellow Americans, ask not what your country can do for you;"
+    long_prefix = " ".join([text] * 13)
+    budget = engine.tokens.prompt("", "en", long_prefix).max_new_tokens
+    assert 0 < budget < 10, "the prefix leaves fewer tokens than the clip's words need"
+    for prefix, truncated in (("", False), (long_prefix, True)):
+        request = EngineRequest(audio=jfk, kind=DecodeKind.FINAL, language="en", prefix=prefix)
+        (ours,) = engine.transcribe_batch([request])
+        (theirs,) = reference.transcribe_batch([request])
+        assert ours.tokens == theirs.tokens
+        assert ours.truncated is theirs.truncated is truncated
+        if truncated:
+            assert len(ours.tokens) == budget
+
+
 def test_batch_equals_one_at_a_time(
     engine: TorchGraphEngine, clips: list[EngineRequest], singles: list[EngineResult]
 ) -> None:

@@ -31,6 +31,8 @@ ENGINE_NAMES = ("auto", "faster-whisper", "torch_graph", "fake")
 # max_length // 2 - 1 = 223 tokens of previous text, so that half the 448-token context is left
 # for the decode. The stream's prompt, previous text and prefix share it here (see `fit_prompt`).
 PROMPT_BUDGET_TOKENS = 223
+# Whisper's text context, prompt and generated tokens together (faster-whisper's max_length).
+MAX_LENGTH = 448
 # A stream's own prompt (names, terms) takes at most half of that budget, so that previous text
 # still conditions the decode; faster-whisper cuts its `hotwords` the same way, keeping the start.
 STREAM_PROMPT_MAX_TOKENS = PROMPT_BUDGET_TOKENS // 2
@@ -102,6 +104,9 @@ class EngineResult:
     # Whether the decoded text began with a space, as Whisper writes one before a new word.
     # After a forced prefix, text without one was written right after it ("加进" + "38年").
     spaced: bool = True
+    # The decode stopped at its token budget (`new_token_budget`), not at <|endoftext|>: the
+    # words after `text` were not written.
+    truncated: bool = False
 
 
 def begins_with_space(written: str) -> bool:
@@ -239,6 +244,14 @@ def text_tokens(encode: Callable[[str], Sequence[int]]) -> Callable[[str], tuple
         return tuple(encode(" " + stripped)) if stripped else ()
 
     return tokens
+
+
+def new_token_budget(prompt_tokens: int, prefix_tokens: int) -> int:
+    """How many tokens a decode may write after its forced prefix, in both engines (CTranslate2's
+    rule): the prefix counts inside the decode length, min(224, 448 - (prompt_tokens - 1)),
+    where `prompt_tokens` is the prompt before the prefix (up to <|notimestamps|>). So a long
+    prefix leaves a long utterance too few tokens (`EngineResult.truncated`)."""
+    return min(MAX_LENGTH // 2, MAX_LENGTH - (prompt_tokens - 1)) - prefix_tokens
 
 
 def fit_prompt(

@@ -21,6 +21,7 @@ import numpy.typing as npt
 from captiond.chinese import written
 from captiond.config import EngineConfig
 from captiond.engines import (
+    MAX_LENGTH,
     N_FRAMES,
     DecodeKind,
     EngineRequest,
@@ -29,6 +30,7 @@ from captiond.engines import (
     begins_with_space,
     choose_language,
     fit_prompt,
+    new_token_budget,
     text_tokens,
     unit_probabilities,
     window_frames,
@@ -36,8 +38,6 @@ from captiond.engines import (
 from captiond.errors import ConfigError
 from captiond.models import model_display_name
 from captiond.protocol import WHISPER_LANGUAGES
-
-MAX_LENGTH = 448  # Whisper's text context: prompt plus generated tokens
 
 
 def compression_ratio(text: str) -> float:
@@ -220,7 +220,9 @@ class FasterWhisperEngine:
             with phase("results"):
                 for i, out in zip(idx, generated, strict=True):
                     partial = requests[i].kind is DecodeKind.PARTIAL
-                    result = self._result(tokenizers[i], out, planned[i][1], partial)
+                    prompt_and_prefix, n_prefix = planned[i]
+                    budget = new_token_budget(len(prompt_and_prefix) - n_prefix, n_prefix)
+                    result = self._result(tokenizers[i], out, n_prefix, partial, budget)
                     language, probability = languages[i]
                     results[i] = dataclasses.replace(
                         result, language=language, language_probability=probability
@@ -228,7 +230,11 @@ class FasterWhisperEngine:
         return [results[i] for i in range(len(requests))]
 
     @staticmethod
-    def _result(tokenizer: Any, out: Any, n_prefix: int, partial: bool) -> EngineResult:
+    def _result(
+        tokenizer: Any, out: Any, n_prefix: int, partial: bool, budget: int
+    ) -> EngineResult:
+        """`budget`: the tokens the decode could write (`new_token_budget`); CTranslate2 leaves
+        <|endoftext|> out of the sequence, so one that used them all never wrote it."""
         sequence = list(out.sequences_ids[0])
         tokens = sequence[n_prefix:]
         # CTranslate2's score is the cumulative log-prob over the whole sequence (forced prefix
@@ -251,6 +257,7 @@ class FasterWhisperEngine:
             compression_ratio=compression_ratio(text),
             unit_probs=unit_probs,
             spaced=begins_with_space(written),
+            truncated=len(tokens) >= budget,
         )
 
 

@@ -290,6 +290,7 @@ class TorchGraphEngine:
                     language_probability=probability,
                     unit_probs=unit_probs,
                     spaced=begins_with_space(written),
+                    truncated=row.truncated,
                 )
             )
         return results

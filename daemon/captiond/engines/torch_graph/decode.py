@@ -36,6 +36,7 @@ class DecodedRow:
     token_logprobs: tuple[float, ...]  # of each of `tokens`, as chosen
     avg_logprob: float
     no_speech_prob: float
+    truncated: bool  # stopped at its token budget, before <|endoftext|>
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -227,7 +228,8 @@ class GreedyDecoder:
         rows = []
         for i in range(n):
             generated = out[i][: counts[i]]
-            if generated and generated[-1] == self.eot:
+            ended = bool(generated) and generated[-1] == self.eot
+            if ended:
                 generated = generated[:-1]
             # faster-whisper: cum_logprob / (seq_len + 1), seq_len without <|endoftext|>.
             rows.append(
@@ -236,6 +238,7 @@ class GreedyDecoder:
                     token_logprobs=tuple(logprobs[i][: len(generated)]),
                     avg_logprob=cum[i] / (len(generated) + 1),
                     no_speech_prob=no_speech_host[i],
+                    truncated=not ended,
                 )
             )
         return rows

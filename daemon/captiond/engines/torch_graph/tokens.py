@@ -18,10 +18,8 @@ from pathlib import Path
 
 import tokenizers
 
-from captiond.engines import fit_prompt, text_tokens
+from captiond.engines import fit_prompt, new_token_budget, text_tokens
 
-# faster-whisper's `max_length`: prompt and generated tokens together.
-MAX_LENGTH = 448
 _MULTILINGUAL_MIN_VOCAB = 51865  # .en vocabularies have 51864 entries
 TASKS = ("transcribe", "translate")
 
@@ -184,9 +182,7 @@ class WhisperTokens:
             task_token = self.special.translate if task == "translate" else self.special.transcribe
             tokens += [self.language_token(language or "en"), task_token]
         tokens.append(self.special.no_timestamps)
-        # CTranslate2 counts the forced prefix inside its decode length: the prefix leaves
-        # min(224, 448 - (prompt length without prefix - 1)) - len(prefix) new tokens.
-        max_new = min(MAX_LENGTH // 2, MAX_LENGTH - (len(tokens) - 1)) - len(prefix_tokens)
+        max_new = new_token_budget(len(tokens), len(prefix_tokens))
         tokens += prefix_tokens
         return PromptPlan(tokens=tuple(tokens), sot_index=sot_index, max_new_tokens=max_new)
 
