@@ -24,6 +24,7 @@ from captiond.engines import (  # noqa: E402
     DecodeKind,
     EngineRequest,
     EngineResult,
+    partial_token_cap,
     unit_probabilities,
     window_frames,
 )
@@ -240,6 +241,34 @@ def test_both_engines_say_when_a_decode_runs_out_of_tokens(
         assert ours.truncated is theirs.truncated is truncated
         if truncated:
             assert len(ours.tokens) == budget
+
+
+def test_both_engines_cap_a_partial_at_the_same_token(
+    engine: TorchGraphEngine, model_path: Path, clips: list[EngineRequest]
+) -> None:
+    """A partial writes at most partial_token_cap tokens: 24 + 12 per started second of its
+    utterance. A 25-s reading whose last second is the utterance, after ~90 tokens of previous
+    text, is cut at 36 tokens by both engines alike; as a final it is not cut."""
+    from captiond.engines.faster_whisper import FasterWhisperEngine
+
+    reference = FasterWhisperEngine(
+        model_path, EngineConfig(name="faster-whisper", device="cpu", compute_type="float32")
+    )
+    window = clips[-3]  # the long clip's first 25 s
+    partial = dataclasses.replace(
+        window,
+        kind=DecodeKind.PARTIAL,
+        detect_from_sample=len(window.audio) - 16_000,
+        # CTranslate2's max_length also bounds the prompt: the cap must leave room for it.
+        prompt=" ".join(["The printing of books began in the fifteenth century."] * 8),
+    )
+    assert partial_token_cap(partial) == 36 and partial_token_cap(window) is None
+    for request, truncated in ((partial, True), (window, False)):
+        (ours,) = engine.transcribe_batch([request])
+        (theirs,) = reference.transcribe_batch([request])
+        assert ours.tokens == theirs.tokens
+        assert ours.truncated is theirs.truncated is truncated
+    assert len(ours.tokens) > 36 and len(engine.transcribe_batch([partial])[0].tokens) == 36
 
 
 def test_batch_equals_one_at_a_time(

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from captiond import SAMPLE_RATE_HZ
 from captiond.errors import BadMessageError
 from captiond.protocol import AUTO_LANGUAGE, check_model_language
 from captiond.text import has_word, units
@@ -104,8 +105,8 @@ class EngineResult:
     # Whether the decoded text began with a space, as Whisper writes one before a new word.
     # After a forced prefix, text without one was written right after it ("加进" + "38年").
     spaced: bool = True
-    # The decode stopped at its token budget (`new_token_budget`), not at <|endoftext|>: the
-    # words after `text` were not written.
+    # The decode stopped at its token budget (`new_token_budget`; a partial's cap,
+    # `partial_token_cap`), not at <|endoftext|>: the words after `text` were not written.
     truncated: bool = False
 
 
@@ -246,12 +247,33 @@ def text_tokens(encode: Callable[[str], Sequence[int]]) -> Callable[[str], tuple
     return tokens
 
 
-def new_token_budget(prompt_tokens: int, prefix_tokens: int) -> int:
+# A partial's decode writes at most this many tokens per started second of its utterance's
+# audio, plus a floor: 1.6 times the fastest speech of both corpora in base's tokens (7.5 per
+# second, a LibriSpeech reader; Chinese 6.4), so only a decode caught in a loop reaches it. A
+# greedy partial that loops ("engraved in relief, engraved in relief, …") otherwise runs to the
+# whole budget, ~200 tokens, and on a GPU holds every row of its batch that long. Finals, which
+# are committed and compared with faster-whisper's, keep the whole budget.
+PARTIAL_TOKENS_PER_S = 12
+PARTIAL_TOKENS_FLOOR = 24
+
+
+def partial_token_cap(request: EngineRequest) -> int | None:
+    """The most tokens a partial's decode may write after its prefix (None for a final): see
+    `PARTIAL_TOKENS_PER_S`. The utterance is the audio from `detect_from_sample` on."""
+    if request.kind is not DecodeKind.PARTIAL:
+        return None
+    utterance_samples = max(0, len(request.audio) - request.detect_from_sample)
+    seconds = -(-utterance_samples // SAMPLE_RATE_HZ)  # started seconds
+    return PARTIAL_TOKENS_FLOOR + PARTIAL_TOKENS_PER_S * seconds
+
+
+def new_token_budget(prompt_tokens: int, prefix_tokens: int, max_length: int = MAX_LENGTH) -> int:
     """How many tokens a decode may write after its forced prefix, in both engines (CTranslate2's
-    rule): the prefix counts inside the decode length, min(224, 448 - (prompt_tokens - 1)),
-    where `prompt_tokens` is the prompt before the prefix (up to <|notimestamps|>). So a long
-    prefix leaves a long utterance too few tokens (`EngineResult.truncated`)."""
-    return min(MAX_LENGTH // 2, MAX_LENGTH - (prompt_tokens - 1)) - prefix_tokens
+    rule, measured): the prefix counts inside the decode length, min(max_length // 2,
+    max_length - (prompt_tokens - 1)), where `prompt_tokens` is the prompt before the prefix
+    (up to <|notimestamps|>). So a long prefix leaves a long utterance too few tokens
+    (`EngineResult.truncated`)."""
+    return min(max_length // 2, max_length - (prompt_tokens - 1)) - prefix_tokens
 
 
 def fit_prompt(

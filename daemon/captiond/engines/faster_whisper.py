@@ -31,6 +31,7 @@ from captiond.engines import (
     choose_language,
     fit_prompt,
     new_token_budget,
+    partial_token_cap,
     text_tokens,
     unit_probabilities,
     window_frames,
@@ -190,16 +191,18 @@ class FasterWhisperEngine:
         ]
         planned = [self._prompt(t, r) for t, r in zip(tokenizers, requests, strict=True)]
         prompts = [prompt for prompt, _ in planned]
-        # One encode + generate per group: requests share a window length, a beam size and a
+        limits = [_limits(r, *plan) for r, plan in zip(requests, planned, strict=True)]
+        # One encode + generate per group: requests share a window length, a beam size, a
         # prompt shape (CTranslate2 needs <|startoftranscript|> at one position in a batch, and
-        # prompts of one length).
-        groups: dict[tuple[int, int, int, int], list[int]] = {}
+        # prompts of one length) and a max_length.
+        groups: dict[tuple[int, int, int, int, int], list[int]] = {}
         for i, r in enumerate(requests):
             sot = prompts[i].index(tokenizers[i].sot)
-            key = (window_frames(r, self._partial_min_frames), r.beam_size, sot, len(prompts[i]))
+            frames = window_frames(r, self._partial_min_frames)
+            key = (frames, r.beam_size, sot, len(prompts[i]), limits[i][1])
             groups.setdefault(key, []).append(i)
         results: dict[int, EngineResult] = {}
-        for (frames, beam, _, _), idx in sorted(groups.items()):
+        for (frames, beam, _, _, max_length), idx in sorted(groups.items()):
             with phase("encode"):
                 features = np.stack([self.features(requests[i].audio, frames) for i in idx])
                 encoded = self._model.encode(features)
@@ -210,7 +213,7 @@ class FasterWhisperEngine:
                     encoded,
                     [prompts[i] for i in idx],
                     beam_size=beam,
-                    max_length=MAX_LENGTH,
+                    max_length=max_length,
                     return_scores=True,
                     return_logits_vocab=partials,
                     return_no_speech_prob=True,
@@ -220,8 +223,7 @@ class FasterWhisperEngine:
             with phase("results"):
                 for i, out in zip(idx, generated, strict=True):
                     partial = requests[i].kind is DecodeKind.PARTIAL
-                    prompt_and_prefix, n_prefix = planned[i]
-                    budget = new_token_budget(len(prompt_and_prefix) - n_prefix, n_prefix)
+                    n_prefix, budget = planned[i][1], limits[i][0]
                     result = self._result(tokenizers[i], out, n_prefix, partial, budget)
                     language, probability = languages[i]
                     results[i] = dataclasses.replace(
@@ -259,6 +261,23 @@ class FasterWhisperEngine:
             spaced=begins_with_space(written),
             truncated=len(tokens) >= budget,
         )
+
+
+def _limits(
+    request: EngineRequest, prompt_and_prefix: Sequence[int], n_prefix: int
+) -> tuple[int, int]:
+    """The tokens the decode may write after its prefix (`new_token_budget`, or a partial's
+    `partial_token_cap` below it), and the `max_length` that tells CTranslate2 so: the
+    smallest whose budget (`new_token_budget` with it) is the cap."""
+    prompt_tokens = len(prompt_and_prefix) - n_prefix
+    budget = new_token_budget(prompt_tokens, n_prefix)
+    cap = partial_token_cap(request)
+    if cap is None or cap >= budget:
+        return budget, MAX_LENGTH
+    written = n_prefix + cap  # prefix included
+    max_length = max(2 * written, written + prompt_tokens - 1)
+    assert new_token_budget(prompt_tokens, n_prefix, max_length) == cap
+    return cap, max_length
 
 
 def token_probabilities(steps: Sequence[Any], tokens: Sequence[int]) -> list[float]:

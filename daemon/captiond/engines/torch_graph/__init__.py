@@ -36,6 +36,7 @@ from captiond.engines import (
     PhaseTimes,
     begins_with_space,
     choose_language,
+    partial_token_cap,
     unit_probabilities,
     window_frames,
 )
@@ -248,7 +249,12 @@ class TorchGraphEngine:
             with phase("prefill"):
                 plans = [
                     self.tokens.prompt(
-                        r.prompt, language, r.prefix, r.task, stream_prompt=r.stream_prompt
+                        r.prompt,
+                        language,
+                        r.prefix,
+                        r.task,
+                        stream_prompt=r.stream_prompt,
+                        cap=partial_token_cap(r),
                     )
                     for r, (language, _) in zip(requests, languages, strict=True)
                 ]

@@ -159,12 +159,14 @@ class WhisperTokens:
         prefix: str = "",
         task: str = "transcribe",
         stream_prompt: str = "",
+        cap: int | None = None,
     ) -> PromptPlan:
         """The faster-whisper engine's prompt: get_prompt(without_timestamps=True) + prefix,
         the stream's prompt before the previous text (`fit_prompt`).
 
         Multilingual models get <|language|> (English when None) and the task token; English-only
-        models get neither (they only transcribe English).
+        models get neither (they only transcribe English). `cap` bounds the new tokens below
+        the budget, as the faster-whisper engine's `max_length` does for a partial.
         """
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
@@ -183,6 +185,8 @@ class WhisperTokens:
             tokens += [self.language_token(language or "en"), task_token]
         tokens.append(self.special.no_timestamps)
         max_new = new_token_budget(len(tokens), len(prefix_tokens))
+        if cap is not None:  # a partial's (`partial_token_cap`)
+            max_new = min(max_new, cap)
         tokens += prefix_tokens
         return PromptPlan(tokens=tuple(tokens), sot_index=sot_index, max_new_tokens=max_new)
 
