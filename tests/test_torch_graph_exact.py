@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 from captiond.config import EngineConfig  # noqa: E402
 from captiond.engines import (  # noqa: E402
     DecodeKind,
+    Engine,
     EngineRequest,
     EngineResult,
     partial_token_cap,
@@ -98,6 +99,15 @@ def model_path() -> Path:
 def engine(model_path: Path) -> TorchGraphEngine:
     config = EngineConfig(name="torch_graph", device="cpu", compute_type="float32")
     return TorchGraphEngine(model_path, config, max_batch=8)
+
+
+@pytest.fixture(scope="module")
+def reference(model_path: Path) -> Engine:
+    """captiond's faster-whisper engine in float32, for what it adds to CTranslate2's result."""
+    from captiond.engines.faster_whisper import FasterWhisperEngine
+
+    config = EngineConfig(name="faster-whisper", device="cpu", compute_type="float32")
+    return FasterWhisperEngine(model_path, config)
 
 
 @pytest.fixture(scope="module")
@@ -219,16 +229,11 @@ def test_greedy_tokens_identical_to_faster_whisper(
 
 
 def test_both_engines_say_when_a_decode_runs_out_of_tokens(
-    engine: TorchGraphEngine, model_path: Path, jfk: npt.NDArray[np.float32]
+    engine: TorchGraphEngine, reference: Engine, jfk: npt.NDArray[np.float32]
 ) -> None:
     """A forced prefix counts in the decode's budget (new_token_budget): after 13 copies of the
     sentence (~220 tokens) the JFK clip has room for a few tokens only. Both engines stop at
     the same token and say so (the session then decodes the final again alone)."""
-    from captiond.engines.faster_whisper import FasterWhisperEngine
-
-    reference = FasterWhisperEngine(
-        model_path, EngineConfig(name="faster-whisper", device="cpu", compute_type="float32")
-    )
     text = "And so, my fellow Americans, ask not what your country can do for you;"
     long_prefix = " ".join([text] * 13)
     budget = engine.tokens.prompt("", "en", long_prefix).max_new_tokens
@@ -244,16 +249,11 @@ def test_both_engines_say_when_a_decode_runs_out_of_tokens(
 
 
 def test_both_engines_cap_a_partial_at_the_same_token(
-    engine: TorchGraphEngine, model_path: Path, clips: list[EngineRequest]
+    engine: TorchGraphEngine, reference: Engine, clips: list[EngineRequest]
 ) -> None:
     """A partial writes at most partial_token_cap tokens: 24 + 12 per started second of its
     utterance. A 25-s reading whose last second is the utterance, after ~90 tokens of previous
     text, is cut at 36 tokens by both engines alike; as a final it is not cut."""
-    from captiond.engines.faster_whisper import FasterWhisperEngine
-
-    reference = FasterWhisperEngine(
-        model_path, EngineConfig(name="faster-whisper", device="cpu", compute_type="float32")
-    )
     window = clips[-3]  # the long clip's first 25 s
     partial = dataclasses.replace(
         window,
