@@ -383,6 +383,24 @@ def test_a_live_streams_final_that_fails_is_logged_once_per_run_and_the_next_one
     assert "2 finals before this one were not journaled" in caplog.records[1].getMessage()
 
 
+def test_an_end_record_that_fails_is_logged_not_raised(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The stream (or the shutdown) that ends goes on: close never raises into it."""
+
+    def full(target: Any, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    async def run() -> None:
+        s = _open(journal)
+        monkeypatch.setattr(journal_module, "_write_all", full)
+        await s.close(audio_ms=0, segments=0, close_code=1000)
+
+    with caplog.at_level(logging.ERROR, logger="captiond.journal"):
+        asyncio.run(run())
+    assert ["end record failed" in r.getMessage() for r in caplog.records] == [True]
+
+
 # -- config ------------------------------------------------------------------------------------
 
 

@@ -361,7 +361,9 @@ class SessionJournal:
     async def close(
         self, *, audio_ms: int, segments: int, close_code: int, received_bytes: int = 0
     ) -> None:
-        """Write the session's end record and close its file; a second call does nothing."""
+        """Write the session's end record and close its file; a second call does nothing. A
+        failure is logged, not raised: the stream or the shutdown that ends goes on without it
+        (as `record_final`)."""
         if self._closed:
             return
         self._closed = True
@@ -373,4 +375,7 @@ class SessionJournal:
             "received_bytes": received_bytes,
             "close_code": close_code,
         }
-        await self._journal._write(self._target, record, last=True)
+        try:
+            await self._journal._write(self._target, record, last=True)
+        except JournalError as exc:
+            log.error("journal %s: end record failed: %s", self._target.stem, exc)

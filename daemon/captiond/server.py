@@ -530,15 +530,12 @@ class Daemon:
             code,
         )
         if live.journal is not None:
-            try:
-                await live.journal.close(
-                    audio_ms=session.audio_ms,
-                    segments=session.segments,
-                    close_code=code,
-                    received_bytes=live.received_bytes,
-                )
-            except JournalError as exc:
-                log.error("session %s: journal end record failed: %s", live.id, exc)
+            await live.journal.close(
+                audio_ms=session.audio_ms,
+                segments=session.segments,
+                close_code=code,
+                received_bytes=live.received_bytes,
+            )
 
     async def _take_back(
         self, conn: ServerConnection, resume: ResumeRequest, dialect: Dialect

@@ -29,7 +29,7 @@ from captiond.broadcast import Broadcast
 from captiond.config import Config, SourceConfig
 from captiond.engines import EngineResult
 from captiond.errors import EngineFailedError
-from captiond.journal import Journal, JournalError, SessionJournal
+from captiond.journal import Journal, SessionJournal
 from captiond.protocol import Control, Done, Final, SourceStatus, StreamParams
 from captiond.scheduler import Decoder, drive_session
 from captiond.session import DecodeRequest, SessionState, StreamSession
@@ -133,14 +133,11 @@ class DaemonSource:
             self._set_state(STOPPED, "the daemon is shutting down")
             self.broadcast.close()
             if self._journal is not None:
-                try:
-                    await self._journal.close(
-                        audio_ms=self._session.audio_ms,
-                        segments=self._session.segments,
-                        close_code=1001,
-                    )
-                except JournalError as exc:  # the shutdown goes on without its end record
-                    log.error("source %s: journal end record failed: %s", self.name, exc)
+                await self._journal.close(
+                    audio_ms=self._session.audio_ms,
+                    segments=self._session.segments,
+                    close_code=1001,
+                )
             # Not `await capture`: that would swallow a cancellation of stop itself (the
             # shutdown's drain timeout) along with the capture's own.
             await asyncio.wait({capture})
