@@ -315,6 +315,26 @@ def test_beam_sizes_are_positive(key: str) -> None:
         config_from_mapping({"stream": {key: 0}})
 
 
+def test_context_tokens_fit_whispers_prompt_budget() -> None:
+    assert Config().stream.context_tokens == 112
+    with pytest.raises(ConfigError, match="context_tokens must be between 0 and 223"):
+        config_from_mapping({"stream": {"context_tokens": 224}})
+
+
+def test_context_chars_of_an_older_config_is_read_as_tokens(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A service's config file from before the rename still starts the daemon, warned."""
+    with caplog.at_level("WARNING", logger="captiond"):
+        config = config_from_mapping({"stream": {"context_chars": 450}})
+    assert config.stream.context_tokens == 112
+    assert "[stream] context_chars is replaced by context_tokens: read as" in caplog.text
+    both = {"stream": {"context_chars": 450, "context_tokens": 60}}
+    assert config_from_mapping(both).stream.context_tokens == 60
+    with pytest.raises(ConfigError, match="context_chars: expected int"):
+        config_from_mapping({"stream": {"context_chars": "450"}})
+
+
 @pytest.mark.parametrize("key", ["cpu_threads", "decoder_threads"])
 def test_thread_counts_are_not_negative(key: str) -> None:
     with pytest.raises(ConfigError, match=f"{key} must be 0 or more"):

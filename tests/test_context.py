@@ -16,9 +16,10 @@ from captiond.engines import (
     TEXT_TOKENS_CACHED,
     fit_prompt,
     text_tokens,
+    token_counter,
     unit_probabilities,
 )
-from captiond.text import units
+from captiond.text import join_texts, units
 
 RATE = 16_000
 WINDOW = 30 * RATE
@@ -31,9 +32,10 @@ def final(start_s: float, end_s: float, text: str) -> CommittedFinal:
 
 
 def context(
-    *finals: CommittedFinal, chars: int = 300, prompt_chars: int = 200
+    *finals: CommittedFinal, tokens: int = 300, prompt_chars: int = 200
 ) -> TranscriptContext:
-    ctx = TranscriptContext(context_chars=chars, prompt_chars=prompt_chars)
+    # A character a token: these tests are about which finals are kept, not the tokenizer.
+    ctx = TranscriptContext(context_tokens=tokens, prompt_chars=prompt_chars, count_tokens=len)
     for f in finals:
         ctx.commit(f)
     return ctx
@@ -125,8 +127,8 @@ def test_chinese_and_japanese_finals_are_joined_as_written() -> None:
     assert tail_words("Tokyo 東京は大きい", 6) == "東京は大きい"
 
 
-def test_context_is_limited_by_characters_newest_first() -> None:
-    ctx = context(final(0, 2, "a" * 10), final(2, 4, "b" * 10), final(4, 6, "c" * 10), chars=23)
+def test_context_is_limited_by_tokens_newest_first() -> None:
+    ctx = context(final(0, 2, "a" * 10), final(2, 4, "b" * 10), final(4, 6, "c" * 10), tokens=23)
     got = ctx.for_decode(
         utterance_start=6 * RATE, lead_sample=6 * RATE, end_sample=8 * RATE, window_samples=WINDOW
     )
@@ -174,7 +176,7 @@ def test_keep_from_forgets_finals_out_of_reach() -> None:
 
 
 def test_the_prompt_stays_bounded_over_a_long_session() -> None:
-    ctx = TranscriptContext(context_chars=300, prompt_chars=50)
+    ctx = TranscriptContext(context_tokens=300, prompt_chars=50, count_tokens=len)
     for i in range(500):
         ctx.commit(final(i * 2, i * 2 + 1, f"utterance{i}"))
         ctx.keep_from((i * 2 + 1) * RATE, WINDOW)
@@ -258,7 +260,7 @@ def test_a_prefix_over_the_budget_keeps_its_end_and_leaves_no_previous_text() ->
 
 
 def test_forced_words_take_their_share_of_the_prefix_budget() -> None:
-    ctx = context(final(0, 2, "a" * 10), final(2, 4, "b" * 10), chars=30)
+    ctx = context(final(0, 2, "a" * 10), final(2, 4, "b" * 10), tokens=30)
     free = ctx.for_decode(
         utterance_start=4 * RATE, lead_sample=4 * RATE, end_sample=6 * RATE, window_samples=WINDOW
     )
@@ -268,7 +270,7 @@ def test_forced_words_take_their_share_of_the_prefix_budget() -> None:
         lead_sample=4 * RATE,
         end_sample=6 * RATE,
         window_samples=WINDOW,
-        forced_chars=15,
+        forced="x" * 15,
     )
     assert (squeezed.prefix, squeezed.prompt) == ("b" * 10, "a" * 10)
 
@@ -311,3 +313,25 @@ def test_unit_probabilities_equal_those_of_every_prefix(pairs: list[tuple[int, f
         elif expected:
             expected[-1] = min(expected[-1], sure)
     assert unit_probabilities(decode, tokens, token_probs) == tuple(expected)
+
+
+def test_context_is_measured_in_the_models_tokens_not_its_characters() -> None:
+    """The prefix counts inside the decode's token budget, and a character of Japanese is one
+    token or more where one of English is a quarter: the same characters of context that fit
+    in English would leave a Japanese utterance no budget."""
+    count = token_counter()  # the bundled tiny.en's tokenizer
+    english = ["We met on Tuesday to plan the launch.", "Then the team reviewed the budget."]
+    japanese = ["私たちは火曜日に発売の計画を立てました。", "それからチームは予算を見直しました。"]
+    assert sum(map(len, japanese)) < sum(map(len, english))
+    for texts, kept in ((english, 2), (japanese, 1)):
+        ctx = TranscriptContext(context_tokens=40, prompt_chars=200, count_tokens=count)
+        ctx.commit(final(0, 3, texts[0]))
+        ctx.commit(final(3, 6, texts[1]))
+        got = ctx.for_decode(
+            utterance_start=6 * RATE,
+            lead_sample=6 * RATE,
+            end_sample=8 * RATE,
+            window_samples=WINDOW,
+        )
+        assert got.prefix == join_texts(texts[2 - kept :])
+        assert count(got.prefix) <= 40

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from captiond.config import Config
-from captiond.engines import DecodeKind, EngineRequest, load_engine
+from captiond.engines import DecodeKind, EngineInfo, EngineRequest, load_engine
 from captiond.engines.faster_whisper import FasterWhisperEngine
+from captiond.models import bundled_model_path
 
 pytestmark = pytest.mark.model
 
@@ -37,6 +38,12 @@ def test_decoder_model(jfk: np.ndarray, engine: dict[str, int], separate: bool) 
         [EngineRequest(audio=jfk, kind=DecodeKind.FINAL, beam_size=5)]
     )
     assert "ask not what your country can do for you" in result.text.lower().replace(",", "")
+
+
+def test_the_engine_names_its_models_tokenizer() -> None:
+    """Sessions measure their context with it (engines.token_counter)."""
+    info = EngineInfo.of(_engine())
+    assert info.tokenizer_path == str(bundled_model_path() / "tokenizer.json")
 
 
 def test_a_decode_says_whether_it_began_with_a_space(jfk: np.ndarray) -> None:

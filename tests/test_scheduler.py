@@ -15,7 +15,7 @@ import pytest
 
 from captiond import scheduler as scheduler_module
 from captiond.config import Config, SchedulerConfig, VadConfig
-from captiond.engines import DecodeKind, EngineRequest, EngineResult
+from captiond.engines import DecodeKind, EngineRequest, EngineResult, token_counter
 from captiond.engines.fake import FakeEngine
 from captiond.errors import EngineFailedError
 from captiond.protocol import Control, Done, Final, ServerMessage, StreamParams
@@ -189,7 +189,9 @@ class _Pump:
     def __init__(self) -> None:
         # A final's tail of 360 ms: in 100-ms chunks, the default's would come with the endpoint.
         config = Config(vad=VadConfig(final_tail_ms=360))
-        self.session = StreamSession(config=config, vad=_LevelVad(), params=StreamParams())
+        self.session = StreamSession(
+            config=config, vad=_LevelVad(), params=StreamParams(), count_tokens=token_counter()
+        )
         self.asked: list[DecodeRequest] = []
         self.withdrawn: list[DecodeRequest] = []
         self.delivered: list[ServerMessage] = []

@@ -20,6 +20,7 @@ from captiond.engines import (
     EngineResult,
     begins_with_space,
     choose_language,
+    token_counter,
 )
 from captiond.engines.fake import FakeEngine
 from captiond.errors import BadAudioError, BadMessageError
@@ -96,6 +97,7 @@ class Driver:
             origin=origin,
             partials=partials,
             early_finals=early_finals,
+            count_tokens=token_counter(),
         )
         self.decoder = decoder or fake_decoder()
         self.requests: list[DecodeRequest] = []
@@ -887,7 +889,7 @@ def test_receive_samples_takes_16k_floats() -> None:
 
 def test_config_is_not_mutated() -> None:
     config = Config()
-    StreamSession(config=config, vad=LevelVad(), params=StreamParams())
+    StreamSession(config=config, vad=LevelVad(), params=StreamParams(), count_tokens=len)
     assert dataclasses.asdict(config) == dataclasses.asdict(Config())
 
 
@@ -935,7 +937,9 @@ def test_without_context_a_decode_hears_the_quiet_before_its_utterance() -> None
 
 def test_buffered_audio_counts_from_the_oldest_utterance_waiting_for_its_final() -> None:
     # What backpressure (`max_buffered_s`) bounds: not the quiet and context the buffer keeps.
-    session = StreamSession(config=Config(), vad=LevelVad(), params=StreamParams())
+    session = StreamSession(
+        config=Config(), vad=LevelVad(), params=StreamParams(), count_tokens=token_counter()
+    )
     for samples in (silence(40.0), tone(2.0), silence(0.2)):
         session.receive_audio(s16(samples))
     assert session.buffered_samples == 0  # the utterance is open: nothing waits for a final

@@ -24,9 +24,11 @@ torch = pytest.importorskip("torch")
 from captiond.config import EngineConfig  # noqa: E402
 from captiond.engines import (  # noqa: E402
     DecodeKind,
+    EngineInfo,
     EngineRequest,
     EngineResult,
     choose_language,
+    token_counter,
 )
 from captiond.engines.torch_graph import TorchGraphEngine  # noqa: E402
 from captiond.engines.torch_graph.mel import N_FRAMES  # noqa: E402
@@ -275,3 +277,19 @@ def test_language_hint_hysteresis(
 def test_it_knows_the_languages_of_the_model(engine: TorchGraphEngine) -> None:
     """Base's 99 language tokens, as faster-whisper's tokenizer has them (no `yue`)."""
     assert len(engine.known_languages) == 99 and "yue" not in engine.known_languages
+
+
+def test_sessions_measure_context_in_the_models_own_tokens(
+    engine: TorchGraphEngine, model_path: Path, reference: Any
+) -> None:
+    """A worker's sessions count a prefix with the tokenizer the engine names, as the engines
+    encode it (" " + text): base's multilingual vocabulary, not the bundled tiny.en's, in which
+    Japanese takes more tokens."""
+    info = EngineInfo.of(engine)
+    assert info.tokenizer_path == str(model_path / "tokenizer.json")
+    count = token_counter(info.tokenizer_path)
+    for text in ("Fin dall'inizio la sede episcopale.", "私たちは火曜日に会いました。"):
+        encoded = reference.hf_tokenizer.encode(" " + text, add_special_tokens=False)
+        assert count(text) == len(encoded.ids)
+    japanese = "私たちは火曜日に発売の計画を立てました。"
+    assert count(japanese) < token_counter()(japanese)

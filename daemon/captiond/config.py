@@ -8,8 +8,10 @@ are type-checked against the dataclass annotations. `dump_toml` renders the effe
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_origin, get_type_hints
@@ -20,6 +22,11 @@ from captiond.errors import BadMessageError, ConfigError
 from captiond.protocol import check_prompt, parse_language
 
 WHISPER_WINDOW_S = 30.0
+# Whisper's text before its first generated token (engines.PROMPT_BUDGET_TOKENS): a forced
+# context is part of it.
+_PROMPT_BUDGET_TOKENS = 223
+
+log = logging.getLogger("captiond")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,14 +113,15 @@ class StreamConfig:
     # Decode context (context.py): a decode's window reaches back over earlier finals, whose
     # text is forced as the prefix, as far as `context_s` of audio (finals; Whisper's window is
     # 30 s) or `partial_context_s` (partials: a longer window costs every partial its encode) and
-    # `context_chars` of text allow. 0 decodes every utterance alone: on a CPU, where
+    # `context_tokens` of text allow. 0 decodes every utterance alone: on a CPU, where
     # CTranslate2 forces the context one beam step at a time, finals then take about half as
     # long, and a reading loses accuracy (README, Accuracy).
     context_s: float = 30.0
     partial_context_s: float = 10.0
-    # CTranslate2 counts the prefix inside its 224-token decode budget: ~450 chars (~110
-    # tokens) leave room for the longest utterance.
-    context_chars: int = 450
+    # Both engines count the prefix inside the decode's 224-token budget: half of it is left
+    # for the utterance's new words (20 s at 5.6 tokens a second). Counted in the model's tokens
+    # (a quarter of a character in English, one or more in Chinese, Japanese or Khmer).
+    context_tokens: int = 112
     # Text older than the context: Whisper's previous-text prompt (cheap: one forward pass).
     prompt_chars: int = 600
     # Names and terms the audio may contain ("Kubernetes, Dr. Nguyen, Q3 roadmap"), put before
@@ -259,9 +267,33 @@ def _check_value(where: str, value: Any, expected: type[Any]) -> Any:
     return value
 
 
+# Keys renamed since a release documented them: (section class, old key) -> (new key, the old
+# value converted). A service's config file from before still starts the daemon, with a warning.
+_RENAMED: dict[tuple[type[Any], str], tuple[str, Callable[[int], int]]] = {
+    # Characters became the model's tokens; English has about four characters to a token.
+    (StreamConfig, "context_chars"): ("context_tokens", lambda chars: chars // 4),
+}
+
+
+def _renamed(name: str, cls: type[Any], table: dict[str, Any]) -> dict[str, Any]:
+    """`table` with its renamed keys under their new names (the new key wins if both are set)."""
+    table = dict(table)
+    for (owner, old), (new, convert) in _RENAMED.items():
+        if owner is not cls or old not in table:
+            continue
+        value = convert(_check_value(f"[{name}] {old}", table.pop(old), int))
+        if new in table:
+            log.warning("[%s] %s is replaced by %s, which is set: %s ignored", name, old, new, old)
+        else:
+            table[new] = value
+            log.warning("[%s] %s is replaced by %s: read as %s = %d", name, old, new, new, value)
+    return table
+
+
 def _build_section(name: str, cls: type[Any], table: Any, base: Any) -> Any:
     if not isinstance(table, dict):
         raise ConfigError(f"[{name}] must be a table")
+    table = _renamed(name, cls, table)
     hints = get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(table) - known)
@@ -408,7 +440,7 @@ RANGES: dict[type[Any], dict[str, Range]] = {
         # A decode is one Whisper window: context longer than 30 s would cut the new audio off.
         "context_s": _WINDOW,
         "partial_context_s": _WINDOW,
-        "context_chars": _NON_NEGATIVE,
+        "context_tokens": Range(0, _PROMPT_BUDGET_TOKENS, why="Whisper's prompt budget"),
         "prompt_chars": _NON_NEGATIVE,
         "final_beam_size": _AT_LEAST_ONE,
         "context_beam_size": _AT_LEAST_ONE,

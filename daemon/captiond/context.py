@@ -5,7 +5,7 @@ offline transcription). A whole-file Whisper decode sees each utterance inside a
 together with the audio before it, and conditions on the text it already wrote for that audio.
 Decoding a short turn ("Yes.") alone, padded into a window of silence, loses both. So a decode of
 an utterance gets a window that starts at an earlier committed final (as far back as
-`window_samples` and `context_chars` allow) and the text of those finals as a forced prefix: the
+`window_samples` and `context_tokens` allow) and the text of those finals as a forced prefix: the
 model re-reads the conversation, and only the words it writes after the prefix are new. Without
 such finals (the stream's first utterance, or after a break) the window starts where the quiet
 before the utterance began, not at its pre-roll: a whole-file decode hears that quiet too.
@@ -18,6 +18,7 @@ transcribe it now. Text older than the window is still used as Whisper's previou
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from captiond.text import join_texts, joins_without_space
@@ -43,25 +44,31 @@ class DecodeContext:
 
 
 class TranscriptContext:
-    def __init__(self, *, context_chars: int, prompt_chars: int) -> None:
-        self._context_chars = context_chars
+    """`count_tokens` measures text in the model's tokens (engines.token_counter)."""
+
+    def __init__(
+        self, *, context_tokens: int, prompt_chars: int, count_tokens: Callable[[str], int]
+    ) -> None:
+        self._context_tokens = context_tokens
         self._prompt_chars = prompt_chars
-        # Finals since the last break, oldest first, that a later window may still reach.
-        self._recent: deque[CommittedFinal] = deque()
+        self._count_tokens = count_tokens
+        # Finals since the last break, oldest first, that a later window may still reach, each
+        # with its text's tokens (counted once).
+        self._recent: deque[tuple[CommittedFinal, int]] = deque()
         # Text of every final that is no longer (or never was) in `_recent`, for the prompt.
         self._older: list[str] = []
 
     def commit(self, final: CommittedFinal) -> None:
         """Record a final; an empty one breaks the context (see the module docstring)."""
         if final.text:
-            self._recent.append(final)
+            self._recent.append((final, self._count_tokens(final.text)))
             return
         self.break_context()
 
     def break_context(self) -> None:
         """Later decodes start at their utterance: what was committed so far becomes prompt
         text."""
-        self._older += [f.text for f in self._recent]
+        self._older += [f.text for f, _ in self._recent]
         self._recent.clear()
 
     def start_over(self) -> None:
@@ -84,16 +91,20 @@ class TranscriptContext:
         lead_sample: int,
         end_sample: int,
         window_samples: int,
-        forced_chars: int = 0,
+        forced: str = "",
         alone: bool = False,
     ) -> DecodeContext:
         """The context of a decode of audio [utterance_start, end_sample): whole finals whose
         audio fits in the window together with the utterance, newest first, within
-        `context_chars` of text less the `forced_chars` of the utterance's own forced words;
-        contiguous, so no final between them is left out.
+        `context_tokens` less the tokens of the utterance's own `forced` words; contiguous, so
+        no final between them is left out.
 
-        The whole prefix stays within `context_chars` because CTranslate2 counts it inside its
-        224-token decode budget: a longer prefix would cut the utterance's new words off.
+        The whole prefix stays within `context_tokens` because both engines count it inside
+        the decode's 224-token budget (engines.new_token_budget): a longer prefix would cut
+        the utterance's new words off. It is counted in tokens, not characters, because a
+        character is a quarter of a token in English but one or more in Chinese, Japanese or
+        Khmer: the 450 characters once allowed are about 115 tokens of English, and of
+        Japanese about 450, more than the whole budget.
 
         Without such finals the audio starts at `lead_sample`, where the quiet before the
         utterance began, as far back as the window allows: a whole-file decode hears that quiet
@@ -108,14 +119,15 @@ class TranscriptContext:
         if alone:
             return DecodeContext(start_sample=quiet_start, prefix="", prompt="")
         used: list[CommittedFinal] = []
-        chars = forced_chars
-        for final in reversed(self._recent):
-            chars += len(final.text) + 1
-            if end_sample - final.start_sample > window_samples or chars > self._context_chars:
+        tokens = self._count_tokens(forced)
+        for final, final_tokens in reversed(self._recent):
+            tokens += final_tokens
+            if end_sample - final.start_sample > window_samples or tokens > self._context_tokens:
                 break
             used.append(final)
         used.reverse()
-        older = self._older + [f.text for f in list(self._recent)[: len(self._recent) - len(used)]]
+        left_out = list(self._recent)[: len(self._recent) - len(used)]
+        older = self._older + [f.text for f, _ in left_out]
         return DecodeContext(
             start_sample=used[0].start_sample if used else quiet_start,
             prefix=join_texts(f.text for f in used),
@@ -130,12 +142,12 @@ class TranscriptContext:
         final that starts more than one window before it can never be context again: its text
         moves to the prompt.
         """
-        while self._recent and now_sample - self._recent[0].start_sample > window_samples:
-            self._older.append(self._recent.popleft().text)
+        while self._recent and now_sample - self._recent[0][0].start_sample > window_samples:
+            self._older.append(self._recent.popleft()[0].text)
         # Only the prompt's tail is ever read; keep the list from growing for hours.
         if len(self._older) > 64:
             self._older = [tail_words(join_texts(self._older), self._prompt_chars)]
-        return self._recent[0].start_sample if self._recent else now_sample
+        return self._recent[0][0].start_sample if self._recent else now_sample
 
 
 def tail_words(text: str, limit_chars: int) -> str:

@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from captiond.audio import ms_to_samples
 from captiond.config import Config
-from captiond.engines import Engine
+from captiond.engines import Engine, token_counter
 from captiond.engines.speech_gate import applies, gate
 from captiond.protocol import Control, Final, Partial, StreamParams
 from captiond.session import StreamSession
@@ -54,6 +54,7 @@ def transcribe_samples(
         # Without partials a file has no latency to save: an early final would only decode
         # again what the final decodes the same way (its audio ends at the same sample).
         early_finals=partials,
+        count_tokens=token_counter(engine.tokenizer_path),
     )
     finals: list[Final] = []
     partials_sent = 0

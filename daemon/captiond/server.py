@@ -49,6 +49,7 @@ from captiond.connection import CLOSE_GOING_AWAY, AnsweringConnection, LiveStrea
 from captiond.dialects import Dialect
 from captiond.dialects.endpoints import ENDPOINTS, Endpoint
 from captiond.dialects.native import NativeDialect
+from captiond.engines import token_counter
 from captiond.engines.speech_gate import applies
 from captiond.errors import (
     ConfigError,
@@ -440,7 +441,11 @@ class Daemon:
         engine = self.decoder.engine_info
         params = dataclasses.replace(params, language=engine.stream_language(params.language))
         session = StreamSession(
-            config=self.config, vad=self._vad_factory(), params=params, origin=origin
+            config=self.config,
+            vad=self._vad_factory(),
+            params=params,
+            origin=origin,
+            count_tokens=token_counter(engine.tokenizer_path),
         )
         session_id = resume_key.session if resume_key else self._new_session_id()
         journal = None

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 
@@ -179,6 +179,7 @@ class StreamSession:
         partials: bool = True,
         early_finals: bool = True,
         origin: StreamOrigin | None = None,
+        count_tokens: Callable[[str], int],
     ) -> None:
         origin = origin or StreamOrigin(start_sample=0, first_segment=0, earlier_text="")
         self._stream = config.stream
@@ -214,7 +215,9 @@ class StreamSession:
         self._in_flight: DecodeRequest | None = None
         self._outbox: list[ServerMessage] = []
         self._context = TranscriptContext(
-            context_chars=config.stream.context_chars, prompt_chars=config.stream.prompt_chars
+            context_tokens=config.stream.context_tokens,
+            prompt_chars=config.stream.prompt_chars,
+            count_tokens=count_tokens,
         )
         self._context.remember(origin.earlier_text)
         self._final_window_samples = ms_to_samples(round(config.stream.context_s * 1000))
@@ -554,7 +557,7 @@ class StreamSession:
             lead_sample=utt.lead_sample,
             end_sample=end,
             window_samples=window,
-            forced_chars=len(join_units(forced)),
+            forced=join_units(forced),
             alone=kind is DecodeKind.FINAL and utt.alone,
         )
         if kind is DecodeKind.PARTIAL:

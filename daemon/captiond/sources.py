@@ -27,7 +27,7 @@ from captiond import SAMPLE_RATE_HZ
 from captiond.audio import Resampler, Samples
 from captiond.broadcast import Broadcast
 from captiond.config import Config, SourceConfig
-from captiond.engines import EngineResult
+from captiond.engines import EngineResult, token_counter
 from captiond.errors import EngineFailedError
 from captiond.journal import Journal, SessionJournal
 from captiond.protocol import Control, Done, Final, SourceStatus, StreamParams
@@ -79,9 +79,12 @@ class DaemonSource:
         self._decoder = decoder
         self._audio_input = audio_input
         self._retry_s = retry_s
-        language = decoder.engine_info.stream_language(config.stream.language)
+        engine = decoder.engine_info
         self._session = StreamSession(
-            config=config, vad=vad, params=StreamParams(language=language)
+            config=config,
+            vad=vad,
+            params=StreamParams(language=engine.stream_language(config.stream.language)),
+            count_tokens=token_counter(engine.tokenizer_path),
         )
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []

@@ -3,7 +3,7 @@
 Main thread only. Each clip goes through `captiond.offline.transcribe_samples`, the path of
 `captiond transcribe`: the session's VAD, segmentation, context and final decodes, without
 partials and without waiting for the audio. So a setting that changes what a final decodes
-(`[vad] final_tail_ms`, `[stream] context_s`, `context_chars`, a beam size) can be weighed in
+(`[vad] final_tail_ms`, `[stream] context_s`, `context_tokens`, a beam size) can be weighed in
 minutes over hundreds of utterances, by its errors and by the engine time each final costs,
 before a real-time `bench stream` run confirms it. With `--partials` the session also asks for
 partials and early finals, each answered at once: what partials do to finals (stable words kept,

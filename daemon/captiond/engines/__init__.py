@@ -168,6 +168,11 @@ class Engine(Protocol):
         large-v3: the models before it know 99)."""
         ...
 
+    @property
+    def tokenizer_path(self) -> str:
+        """The model's tokenizer.json, by which sessions measure their context (`token_counter`)."""
+        ...
+
     def warmup(self) -> None:
         """Run one throw-away batch so the first real request is not slow (graph capture etc.)."""
 
@@ -188,6 +193,7 @@ class EngineInfo:
     multilingual: bool
     max_batch: int
     known_languages: frozenset[str] = frozenset()
+    tokenizer_path: str = ""  # see `token_counter` ("": the bundled model's)
 
     @property
     def english_only(self) -> str:
@@ -225,6 +231,7 @@ class EngineInfo:
             engine.multilingual,
             engine.max_batch,
             engine.known_languages,
+            engine.tokenizer_path,
         )
 
 
@@ -245,6 +252,23 @@ def text_tokens(encode: Callable[[str], Sequence[int]]) -> Callable[[str], tuple
         return tuple(encode(" " + stripped)) if stripped else ()
 
     return tokens
+
+
+@functools.cache
+def token_counter(tokenizer_path: str = "") -> Callable[[str], int]:
+    """How many of the model's tokens a text takes as a prefix (`text_tokens`' encoding), from
+    the model's tokenizer.json ("": the bundled model's, which the fake engine stands for). For
+    sessions, which run where the engine may not (worker processes): a decode's forced context
+    counts inside its token budget, and one character is a quarter of a token in English but
+    one or two in Chinese, Japanese or Khmer. Loaded once per process and path."""
+    import tokenizers
+
+    from captiond.models import bundled_model_path
+
+    path = tokenizer_path or str(bundled_model_path() / "tokenizer.json")
+    tokenizer = tokenizers.Tokenizer.from_file(path)
+    tokens = text_tokens(lambda text: tokenizer.encode(text, add_special_tokens=False).ids)
+    return lambda text: len(tokens(text))
 
 
 # A partial's decode writes at most this many tokens per started second of its utterance's

@@ -48,6 +48,10 @@ class FakeEngine:
     def known_languages(self) -> frozenset[str]:
         return WHISPER_LANGUAGES if self.multilingual else frozenset({"en"})
 
+    @property
+    def tokenizer_path(self) -> str:
+        return ""  # the bundled model's (`token_counter`): its text is words of English
+
     def warmup(self) -> None:
         """Nothing to warm."""
 

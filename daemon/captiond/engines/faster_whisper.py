@@ -76,6 +76,7 @@ class FasterWhisperEngine:
         except (RuntimeError, ValueError) as exc:
             raise ConfigError(f"faster-whisper cannot load {str(model_path)!r}: {exc}") from exc
         self._model_name = model_display_name(model_path)
+        self._tokenizer_path = str(model_path / "tokenizer.json")
         self._partial_min_frames = round(config.partial_window_min_s * 100)
         self._tokenizers: dict[tuple[str, str] | None, Any] = {}
         # faster-whisper's Tokenizer.encode, which no language or task changes.
@@ -98,6 +99,10 @@ class FasterWhisperEngine:
     @property
     def multilingual(self) -> bool:
         return bool(self._model.model.is_multilingual)
+
+    @property
+    def tokenizer_path(self) -> str:
+        return self._tokenizer_path
 
     @property
     def known_languages(self) -> frozenset[str]:

@@ -205,6 +205,10 @@ class TorchGraphEngine:
         return self.tokens.multilingual
 
     @property
+    def tokenizer_path(self) -> str:
+        return self.tokens.tokenizer_path
+
+    @property
     def known_languages(self) -> frozenset[str]:
         return frozenset(self.tokens.language_codes) if self.multilingual else frozenset({"en"})
 

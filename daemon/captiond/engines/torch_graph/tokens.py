@@ -90,7 +90,8 @@ class WhisperTokens:
     """The tokenizer and the model's token rules (from tokenizer.json and config.json)."""
 
     def __init__(self, model_path: Path, n_vocab: int) -> None:
-        self.tokenizer = tokenizers.Tokenizer.from_file(str(model_path / "tokenizer.json"))
+        self.tokenizer_path = str(model_path / "tokenizer.json")
+        self.tokenizer = tokenizers.Tokenizer.from_file(self.tokenizer_path)
         config = json.loads((model_path / "config.json").read_text(encoding="utf-8"))
         self.multilingual = n_vocab >= _MULTILINGUAL_MIN_VOCAB
         special = SpecialTokens(
