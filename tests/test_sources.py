@@ -631,13 +631,19 @@ async def _healthz(port: int) -> str:
         writer.close()
 
 
-def test_a_hung_audio_server_stops_its_source_not_the_daemon(
-    virtual_mic: VirtualMic, tmp_path: Path
-) -> None:
-    """PulseAudio stopped (SIGSTOP) for 20 s while the daemon captures from it: PortAudio's calls
-    block meanwhile, and they used to block the event loop (health checks, every stream, the
-    SIGTERM). Now the daemon answers throughout and reports the source as waiting; once the
-    server goes on, the source captures again, and SIGTERM stops the daemon."""
+@dataclasses.dataclass
+class RoomDaemon:
+    """`captiond serve --source room` (fake engine) on the virtual microphone's server."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+    server_stopped: bool = False  # PulseAudio is SIGSTOPped (the fixture's end resumes it)
+
+
+@contextlib.contextmanager
+def room_daemon(virtual_mic: VirtualMic, tmp_path: Path) -> Iterator[RoomDaemon]:
+    """The daemon capturing the pipe, which is fed silence at real time throughout."""
     port = free_port()
     daemon_log = tmp_path / "daemon.log"
     serve = [*CAPTIOND, "serve", "--port", str(port), "--engine", "fake", "--source", "room"]
@@ -648,50 +654,82 @@ def test_a_hung_audio_server_stops_its_source_not_the_daemon(
         target=play, args=(virtual_mic.fifo, np.zeros(0, "<i2"), go, stop_playing), daemon=True
     )
     player.start()
-    stopped = False
     with daemon_log.open("w") as dlog:
-        daemon = subprocess.Popen(serve, env=virtual_mic.env, stderr=dlog)
+        room = RoomDaemon(
+            subprocess.Popen(serve, env=virtual_mic.env, stderr=dlog), port, daemon_log
+        )
         try:
-            wait_for_line(daemon_log, "ready: ws://", daemon, 60)
-
-            async def scenario() -> list[Message]:
-                nonlocal stopped
-                seen: list[Message] = []
-                async with connect(f"ws://127.0.0.1:{port}/v1/captions?source=room") as viewer:
-                    await read_until(viewer, lambda m: m.get("state") == "capturing", seen)
-                    os.kill(virtual_mic.server_pid, signal.SIGSTOP)
-                    stopped = True
-                    until = time.monotonic() + 20
-                    while time.monotonic() < until:
-                        async with asyncio.timeout(5):  # generous: it answers in milliseconds
-                            assert " 200 " in await _healthz(port)
-                        await asyncio.sleep(0.5)
-                    # The stalled device was reported while the server was still stopped.
-                    async with asyncio.timeout(5):
-                        await read_until(
-                            viewer, lambda m: m.get("state") == "waiting_for_device", seen
-                        )
-                    os.kill(virtual_mic.server_pid, signal.SIGCONT)
-                    stopped = False
-                    await read_until(viewer, lambda m: m.get("state") == "capturing", seen)
-                return seen
-
-            seen = asyncio.run(scenario())
-            assert [m["state"] for m in seen if m["type"] == "source"][-2:] == [
-                "waiting_for_device",
-                "capturing",
-            ]
-            stop_playing.set()
-            player.join(timeout=30)  # while the daemon still records, the pipe is read
-            daemon.send_signal(signal.SIGTERM)
-            assert daemon.wait(timeout=60) == 0, daemon_log.read_text()
-            shut_down = daemon_log.read_text()
-            assert " ERROR " not in shut_down and "Traceback" not in shut_down, shut_down
+            wait_for_line(daemon_log, "ready: ws://", room.process, 60)
+            yield room
         finally:
-            if stopped:
+            if room.server_stopped:
                 os.kill(virtual_mic.server_pid, signal.SIGCONT)
             stop_playing.set()
             player.join(timeout=30)
-            if daemon.poll() is None:
-                daemon.kill()
-                daemon.wait()
+            if room.process.poll() is None:
+                room.process.kill()
+                room.process.wait()
+
+
+async def stop_audio_server(viewer: ClientConnection, room: RoomDaemon, mic: VirtualMic) -> None:
+    """SIGSTOP PulseAudio once the room captures."""
+    await read_until(viewer, lambda m: m.get("state") == "capturing", [])
+    os.kill(mic.server_pid, signal.SIGSTOP)
+    room.server_stopped = True
+
+
+def test_a_hung_audio_server_stops_its_source_not_the_daemon(
+    virtual_mic: VirtualMic, tmp_path: Path
+) -> None:
+    """PulseAudio stopped (SIGSTOP) for 20 s while the daemon captures from it: PortAudio's calls
+    block meanwhile, and they used to block the event loop (health checks, every stream, the
+    SIGTERM). Now the daemon answers throughout and reports the source as waiting; once the
+    server goes on, the source captures again, and SIGTERM stops the daemon."""
+    with room_daemon(virtual_mic, tmp_path) as room:
+
+        async def scenario() -> None:
+            async with connect(f"ws://127.0.0.1:{room.port}/v1/captions?source=room") as viewer:
+                await stop_audio_server(viewer, room, virtual_mic)
+                until = time.monotonic() + 20
+                while time.monotonic() < until:
+                    async with asyncio.timeout(5):  # generous: it answers in milliseconds
+                        assert " 200 " in await _healthz(room.port)
+                    await asyncio.sleep(0.5)
+                # The stalled device was reported while the server was still stopped.
+                async with asyncio.timeout(5):
+                    await read_until(viewer, lambda m: m.get("state") == "waiting_for_device", [])
+                os.kill(virtual_mic.server_pid, signal.SIGCONT)
+                room.server_stopped = False
+                await read_until(viewer, lambda m: m.get("state") == "capturing", [])
+
+        asyncio.run(scenario())
+        room.process.send_signal(signal.SIGTERM)
+        assert room.process.wait(timeout=60) == 0, room.log.read_text()
+        shut_down = room.log.read_text()
+        assert " ERROR " not in shut_down and "Traceback" not in shut_down, shut_down
+
+
+def test_sigterm_while_the_audio_server_is_stopped_ends_the_daemon(
+    virtual_mic: VirtualMic, tmp_path: Path
+) -> None:
+    """systemd stops the daemon while PulseAudio is hung (SIGSTOP): the source's PortAudio calls
+    may never return, yet the daemon tells its viewers it is going away and exits cleanly,
+    within its drain time, without waiting for the audio server."""
+    with room_daemon(virtual_mic, tmp_path) as room:
+
+        async def scenario() -> int:
+            async with connect(f"ws://127.0.0.1:{room.port}/v1/captions?source=room") as viewer:
+                await stop_audio_server(viewer, room, virtual_mic)
+                await read_until(viewer, lambda m: m.get("state") == "waiting_for_device", [])
+                # The retry (1 s on) looks the device up again: that call now hangs too.
+                await asyncio.sleep(3)
+                room.process.send_signal(signal.SIGTERM)
+                with pytest.raises(ConnectionClosed) as closed:
+                    await read_until(viewer, lambda m: False, [])
+                assert closed.value.rcvd is not None
+                return closed.value.rcvd.code
+
+        assert asyncio.run(scenario()) == 1001
+        assert room.process.wait(timeout=Config().server.drain_timeout_s) == 0
+        shut_down = room.log.read_text()
+        assert " ERROR " not in shut_down and "Traceback" not in shut_down, shut_down
