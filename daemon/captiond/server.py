@@ -186,6 +186,8 @@ class Daemon:
         """Listen (a worker only takes connections handed to `adopt`) and start the sources."""
         cfg = self.config.server
         logging.getLogger("websockets.server").addFilter(_quiet_client_faults)
+        # The model's tokenizer, loaded now (about 60 ms), not in the first stream's turn.
+        token_counter(self.decoder.engine_info.tokenizer_path)
         if self._journal is not None:
             self._journal.start()
         # websockets' documented way to a server with our own connection factory: a Server,

@@ -1,7 +1,9 @@
 """The engine seam: request/result values, the Engine protocol and `load_engine`.
 
 Everything here is called on the engine thread only (see scheduler.py), except `load_engine`,
-which the CLI calls once at start-up before the engine thread takes ownership of the engine.
+which the CLI calls once at start-up before the engine thread takes ownership of the engine, and
+`EngineInfo` and `token_counter`, which the processes that serve streams use on their own
+threads (the event loop's) to describe the model and to measure a session's context.
 Engine modules are imported lazily so that `import captiond` never imports torch or ctranslate2.
 """
 
