@@ -23,7 +23,7 @@ from captiond.bench.metrics import (
 )
 from captiond.bench.peer_whisperlive import SegmentTranslator
 from captiond.bench.speech import SpeechRuns, speech_runs
-from captiond.bench.wer import align, word_errors
+from captiond.bench.wer import WerCounts, align, gap_interval_points, word_errors
 
 
 def partial(seg: int, stable: str, unstable: str, end_ms: int = 0) -> dict[str, Any]:
@@ -141,6 +141,28 @@ def test_wer_alignment() -> None:
     assert (counts.substitutions, counts.deletions, counts.insertions) == (1, 0, 1)
     assert counts.wer == pytest.approx(0.5)
     assert word_errors("Hello, World!", "hello world").errors == 0
+
+
+def _errors(n: int, words: int = 10) -> WerCounts:
+    return WerCounts(substitutions=n, deletions=0, insertions=0, reference_words=words)
+
+
+def test_gap_interval_is_a_paired_bootstrap_over_clips() -> None:
+    """`bench languages` reports each group's gap with it: seven clips of ten words, one clip
+    two words worse, is a gap of 2.9 points whose interval holds 0; every clip a word worse
+    is a gap whose interval does not."""
+    same = [(_errors(2), _errors(2))] * 7
+    assert gap_interval_points(same) == (0.0, 0.0)
+    one_clip = [(_errors(4), _errors(2))] + [(_errors(1), _errors(1))] * 6
+    low, high = gap_interval_points(one_clip)
+    assert low == 0.0 and 2.9 < high <= 20.0
+    assert gap_interval_points(one_clip) == (low, high)  # seeded
+    every_clip = [(_errors(3), _errors(2))] * 3 + [(_errors(2), _errors(1))] * 4
+    assert gap_interval_points(every_clip) == (10.0, 10.0)
+    # Clips of different lengths weigh by their words, as the pooled rate does.
+    mixed = [(_errors(1, 5), _errors(0, 5)), (_errors(0, 50), _errors(1, 50))]
+    low, high = gap_interval_points(mixed)
+    assert -2.0 <= low < 0 < high <= 20.0
 
 
 def test_whisperlive_segments_become_partials_and_finals() -> None:

@@ -13,8 +13,10 @@ first 30 s), so each stream is compared like with like. Reported per language: t
 `gap_auto_points` (detected, against whole-file detected). `gap_auto_vs_given_points` adds the
 cost of identification: detected against whole-file given. A third whole-file decode, language
 given, without timestamp tokens (as captiond decodes), shows how far the reference itself moves
-with its decoding mode alone (`whole_file_text_only`): a group of a few short clips moves by
-whole words.
+with its decoding mode alone (`whole_file_text_only`). A group of a few short clips moves by
+whole words, so each gap also comes with a 95 % paired-bootstrap interval over its clips
+(`gap_ci95_points`) and the count of its clips streamed with more and with fewer errors than
+whole-file (`clips_worse_better`).
 
     captiond bench languages --manifest ../shared/speech-multi/manifest.jsonl --model base \\
         --speed 4 --out bench/results
@@ -31,7 +33,13 @@ from captiond.bench import common
 from captiond.bench.metrics import Trace, final_text
 from captiond.bench.pacing import stream_native
 from captiond.bench.report import Progress, write_json
-from captiond.bench.wer import CHARACTER_LANGUAGES, NO_ERRORS, WerCounts, language_errors
+from captiond.bench.wer import (
+    CHARACTER_LANGUAGES,
+    NO_ERRORS,
+    WerCounts,
+    gap_interval_points,
+    language_errors,
+)
 from captiond.engines import resolve_engine_config
 from captiond.loop import run as run_loop
 from captiond.models import resolve_model
@@ -121,6 +129,12 @@ def _whole_file(
     return given, auto, text_only
 
 
+def _pooled_gap_points(pairs: list[tuple[WerCounts, WerCounts]]) -> float:
+    streamed = sum((s for s, _ in pairs), NO_ERRORS)
+    whole = sum((w for _, w in pairs), NO_ERRORS)
+    return round(100 * (streamed.wer - whole.wer), 2)
+
+
 def _bench_languages(args: argparse.Namespace) -> int:
     env = common.prepare(args)
     languages = _languages(env.manifest)
@@ -135,6 +149,8 @@ def _bench_languages(args: argparse.Namespace) -> int:
     whole_counts: defaultdict[str, WerCounts] = defaultdict(lambda: NO_ERRORS)
     whole_auto_counts: defaultdict[str, WerCounts] = defaultdict(lambda: NO_ERRORS)
     text_only_counts: defaultdict[str, WerCounts] = defaultdict(lambda: NO_ERRORS)
+    # Each clip's (streamed, whole-file) counts, language given, for the gap's interval.
+    pairs: defaultdict[str, list[tuple[WerCounts, WerCounts]]] = defaultdict(list)
     for clip in env.clips:
         language = languages[clip.id]
         messages = traces[clip.id].messages
@@ -151,6 +167,7 @@ def _bench_languages(args: argparse.Namespace) -> int:
         whole_counts[language] += reference
         whole_auto_counts[language] += reference_auto
         text_only_counts[language] += reference_text_only
+        pairs[language].append((streamed, reference))
         group = groups[language]
         group["clips"] += 1
         group["flaps"] += flaps(messages)
@@ -192,10 +209,16 @@ def _bench_languages(args: argparse.Namespace) -> int:
                 "reference_units": whole_counts[language].reference_words,
             },
             "gap_points": round(100 * (streamed_rate - whole_rate), 2),
+            "gap_ci95_points": gap_interval_points(pairs[language]),
+            "clips_worse_better": [
+                sum(s.errors > w.errors for s, w in pairs[language]),
+                sum(s.errors < w.errors for s, w in pairs[language]),
+            ],
             "gap_auto_points": round(100 * (auto_rate - whole_auto_rate), 2),
             "gap_auto_vs_given_points": round(100 * (auto_rate - whole_rate), 2),
         }
     lid_clips = sum(g["lid_clips"] for g in groups.values())
+    every_clip = [pair for group in pairs.values() for pair in group]
     overall = {
         "lid_accuracy": round(sum(g["lid_correct"] for g in groups.values()) / lid_clips, 4)
         if lid_clips
@@ -207,6 +230,9 @@ def _bench_languages(args: argparse.Namespace) -> int:
             g["gap_auto_points"] <= 1.0 for g in per_language.values()
         ),
         "languages": len(per_language),
+        # All clips together, words and characters alike: a relative figure.
+        "pooled_gap_points": _pooled_gap_points(every_clip),
+        "pooled_gap_ci95_points": gap_interval_points(every_clip),
     }
     data = common.header(args, env, "languages") | {
         "whole_file_settings": {
@@ -236,5 +262,10 @@ def _bench_languages(args: argparse.Namespace) -> int:
             f"{100 * g['whole_file_auto']:>6.1f}% {g['gap_auto_points']:>+6.1f} "
             f"{100 * g['whole_file_text_only']:>8.1f}%"
         )
-    print(f"LID {overall['lid_accuracy']}, flaps {overall['flaps']}; wrote {path}")
+    low, high = overall["pooled_gap_ci95_points"]
+    print(
+        f"LID {overall['lid_accuracy']}, flaps {overall['flaps']}; all clips pooled: gap "
+        f"{overall['pooled_gap_points']:+.1f} points (95 % {low:+.1f} to {high:+.1f}); "
+        f"wrote {path}"
+    )
     return 0
