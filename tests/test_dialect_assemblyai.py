@@ -458,7 +458,7 @@ def test_update_configuration_and_query_parameters() -> None:
         EngineFailedError("x"): 3005,
     }
     for error, code in codes.items():
-        assert dialect.close_code(error) == code
+        assert dialect.close_frame(error) == (code, error.code)
         [frame] = dialect.render(Error(code=error.code, message="m"))
         assert json.loads(frame) == {"type": "Error", "error_code": code, "error": "m"}
 

@@ -71,6 +71,7 @@ class Inbox:
     def __init__(self, socket: V1SocketClient) -> None:
         self.messages: list[Any] = []
         self.close_code: int | None = None
+        self.close_reason = ""
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._read, args=(socket,), daemon=True)
         self._thread.start()
@@ -81,6 +82,7 @@ class Inbox:
                 message = socket.recv()
             except ConnectionClosed as exc:
                 self.close_code = exc.rcvd.code if exc.rcvd else 1006
+                self.close_reason = exc.rcvd.reason if exc.rcvd else ""
                 break
             # Strict: every field the SDK's model requires is there, with its type.
             assert isinstance(message, BaseModel), f"a message the SDK does not know: {message}"
@@ -107,6 +109,7 @@ class Inbox:
 class Run:
     messages: list[Any]
     close_code: int | None
+    close_reason: str = ""
 
     def of(self, kind: type[BaseModel]) -> list[Any]:
         return [m for m in self.messages if isinstance(m, kind)]
@@ -155,7 +158,7 @@ def listen(
         inbox = Inbox(socket)
         script(socket, inbox)
         inbox.join()
-    return Run(inbox.messages, inbox.close_code)
+    return Run(inbox.messages, inbox.close_code, inbox.close_reason)
 
 
 def run_with_daemon(
@@ -403,6 +406,21 @@ def test_a_malformed_message_gets_a_schema_error_and_the_stream_goes_on() -> Non
     assert schema.variant == "SchemaError" and "KeepDead" in (schema.message or "")
     assert run.transcript and isinstance(run.messages[-1], ListenV1Metadata)
     assert run.close_code == 1000
+
+
+def test_a_timeout_is_named_in_the_close_reason_as_deepgram_names_it() -> None:
+    """Deepgram's close frame carries its error's name as the reason ("NET-0001": no audio in
+    time), which clients read to tell a timeout, worth a reconnect, from other closes. It was
+    captiond's own error code, `idle_timeout`."""
+
+    def script(socket: V1SocketClient, inbox: Inbox) -> None:
+        inbox.wait_for(lambda m: isinstance(m, ListenV1Error), timeout_s=10)
+
+    config = make_config(server={"idle_timeout_s": 0.5})
+    run: Run = run_with_daemon(config, lambda port: listen(port, script, LINEAR16))
+    (error,) = run.of(ListenV1Error)
+    assert error.variant == "NET-0001"
+    assert (run.close_code, run.close_reason) == (1011, "NET-0001")
 
 
 def test_keyterms_prompt_every_decode_and_configure_replaces_them() -> None:

@@ -75,13 +75,13 @@ _TRANSPORT_ERRORS: dict[int, str] = {
 
 
 async def send_error(conn: ServerConnection, error: SessionError, dialect: Dialect) -> None:
-    """The `error` in the connection's protocol, then the close code it maps to there."""
-    code = dialect.close_code(error)
+    """The `error` in the connection's protocol, then the close frame it maps to there."""
+    code, reason = dialect.close_frame(error)
     log.info("session error %s (close %d): %s", error.code, code, error)
     with contextlib.suppress(ConnectionClosed):
         for text in dialect.render(Error(code=error.code, message=str(error))):
             await conn.send(text)
-        await conn.close(code, error.code)
+        await conn.close(code, reason)
 
 
 async def _send(conn: ServerConnection, dialect: Dialect, message: ServerMessage) -> None:

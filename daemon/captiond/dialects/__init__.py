@@ -67,6 +67,6 @@ class Dialect(Protocol):
         """The frames that tell the client `message` (none: it has no such event)."""
         ...
 
-    def close_code(self, error: SessionError) -> int:
-        """The websocket close code that follows `error` in this protocol."""
+    def close_frame(self, error: SessionError) -> tuple[int, str]:
+        """The websocket close code and reason that follow `error` in this protocol."""
         ...

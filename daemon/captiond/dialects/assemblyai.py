@@ -202,8 +202,8 @@ class AssemblyAIDialect:
             return [_dumps({"type": "Error", "error_code": code, "error": message.message})]
         return []  # SpeechStopped: AssemblyAI has no such event
 
-    def close_code(self, error: SessionError) -> int:
-        return CLOSE_CODES.get(error.code, CLOSE_SERVER_ERROR)
+    def close_frame(self, error: SessionError) -> tuple[int, str]:
+        return CLOSE_CODES.get(error.code, CLOSE_SERVER_ERROR), error.code
 
     def _render_partial(self, message: Partial) -> str:
         turn = self._turns.setdefault(message.segment, _Turn(start_ms=message.start_ms))

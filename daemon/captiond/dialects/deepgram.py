@@ -333,8 +333,10 @@ class DeepgramDialect:
             return [_json({"type": "Error", "variant": variant, "description": message.message})]
         return []
 
-    def close_code(self, error: SessionError) -> int:
-        return close_code_for(error, _CLOSE_CODES)
+    def close_frame(self, error: SessionError) -> tuple[int, str]:
+        # Deepgram's close reason is its error's name where it has one (its streaming error
+        # table: "NET-0001" after no audio), which clients read to tell a timeout from bad audio.
+        return close_code_for(error, _CLOSE_CODES), _VARIANTS.get(error.code, error.code)
 
     def _note_utterance_end(self, end_ms: int) -> None:
         """Note the end of an utterance the speaker stopped, and whether a Finalize closed it:

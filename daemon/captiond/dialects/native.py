@@ -33,5 +33,5 @@ class NativeDialect:
     def render(self, message: ServerMessage) -> list[str]:
         return [message.to_json()]
 
-    def close_code(self, error: SessionError) -> int:
-        return close_code_for(error)
+    def close_frame(self, error: SessionError) -> tuple[int, str]:
+        return close_code_for(error), error.code

@@ -260,8 +260,8 @@ class OpenAIRealtimeDialect:
         )
         return [committed, *deltas, completed]
 
-    def close_code(self, error: SessionError) -> int:
-        return close_code_for(error)
+    def close_frame(self, error: SessionError) -> tuple[int, str]:
+        return close_code_for(error), error.code
 
     # -- helpers -----------------------------------------------------------------------------
 
