@@ -129,6 +129,10 @@ def _whole_file(
     return given, auto, text_only
 
 
+def _interval(points: tuple[float, float]) -> str:
+    return f"{points[0]:+.1f} to {points[1]:+.1f}"
+
+
 def _pooled_gap_points(pairs: list[tuple[WerCounts, WerCounts]]) -> float:
     streamed = sum((s for s, _ in pairs), NO_ERRORS)
     whole = sum((w for _, w in pairs), NO_ERRORS)
@@ -251,21 +255,22 @@ def _bench_languages(args: argparse.Namespace) -> int:
     write_json(path, data)
     print(
         f"{'lang':<5} {'metric':<4} {'clips':>5} {'LID':>7} {'flaps':>5} {'given':>7} "
-        f"{'whole':>7} {'gap':>6} {'auto':>7} {'whole':>7} {'gap':>6} {'text-only':>9}"
+        f"{'whole':>7} {'gap':>6} {'95 %':>13} {'auto':>7} {'whole':>7} {'gap':>6} "
+        f"{'text-only':>9}"
     )
     for language, g in per_language.items():
         lid = f"{g['lid_correct']}/{g['lid_clips']}"
         print(
             f"{language:<5} {g['metric']:<4} {g['clips']:>5} {lid:>7} {g['flaps']:>5} "
             f"{100 * g['streamed']:>6.1f}% {100 * g['whole_file']:>6.1f}% "
-            f"{g['gap_points']:>+6.1f} {100 * g['streamed_auto']:>6.1f}% "
+            f"{g['gap_points']:>+6.1f} {_interval(g['gap_ci95_points']):>13} "
+            f"{100 * g['streamed_auto']:>6.1f}% "
             f"{100 * g['whole_file_auto']:>6.1f}% {g['gap_auto_points']:>+6.1f} "
             f"{100 * g['whole_file_text_only']:>8.1f}%"
         )
-    low, high = overall["pooled_gap_ci95_points"]
     print(
         f"LID {overall['lid_accuracy']}, flaps {overall['flaps']}; all clips pooled: gap "
-        f"{overall['pooled_gap_points']:+.1f} points (95 % {low:+.1f} to {high:+.1f}); "
-        f"wrote {path}"
+        f"{overall['pooled_gap_points']:+.1f} points "
+        f"(95 % {_interval(overall['pooled_gap_ci95_points'])}); wrote {path}"
     )
     return 0
