@@ -65,7 +65,11 @@ def test_percentile_and_summary_of_nothing() -> None:
 
 def test_partial_lag_is_audio_sent_minus_end_ms() -> None:
     # At 0.55 s, 500 ms had been sent; at 0.85 s, 800 ms.
-    assert partial_lags_ms(scripted_trace()) == [100, 100]
+    trace = scripted_trace()
+    assert partial_lags_ms(trace) == [100, 100]
+    # In wall ms, as final latency: audio sent at twice real time was sent half as long ago.
+    trace.speed = 2.0
+    assert partial_lags_ms(trace) == [50, 50]
 
 
 # Speech from 200 to 700 ms: the final (end_ms 1000) includes 300 ms of the silence after it.

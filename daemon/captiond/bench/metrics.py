@@ -34,6 +34,7 @@ class Trace:
     # when the websocket opened and when it closed (None if it never opened).
     connect_epoch_s: float | None = None
     close_epoch_s: float | None = None
+    speed: float = 1.0  # stream audio sent per wall second (`send_paced`)
 
     def record_sent(self, wall_s: float, audio_ms: int) -> None:
         self.sent_s.append(wall_s)
@@ -71,8 +72,10 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def partial_lags_ms(trace: Trace) -> list[float]:
-    """At each partial: audio sent so far minus the partial's `end_ms`."""
-    return [trace.audio_sent_ms(t) - m["end_ms"] for t, m in trace.of("partial")]
+    """At each partial: audio sent so far minus the partial's `end_ms`, in wall ms as final
+    latency is: at `--speed 2`, a second of audio not yet captioned was sent half a second
+    ago."""
+    return [(trace.audio_sent_ms(t) - m["end_ms"]) / trace.speed for t, m in trace.of("partial")]
 
 
 def final_latencies_ms(trace: Trace, speech: SpeechRuns) -> list[float]:

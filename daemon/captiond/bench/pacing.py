@@ -39,6 +39,7 @@ async def send_paced(
     """Send `audio` (16 kHz, encoded once for the whole clip: converting each chunk was a
     tenth of a client process's CPU) in 100 ms chunks."""
     started = time.monotonic()
+    trace.speed = speed
     n_samples = len(audio) // bytes_per_sample
     for i, start in enumerate(range(0, n_samples, _CHUNK_SAMPLES)):
         await asyncio.sleep(max(0.0, started + i * CHUNK_MS / 1000 / speed - time.monotonic()))
