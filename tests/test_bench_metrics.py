@@ -156,7 +156,7 @@ def test_gap_interval_is_a_paired_bootstrap_over_clips() -> None:
     two words worse, is a gap of 2.9 points whose interval holds 0; every clip a word worse
     is a gap whose interval does not."""
     same = [(_errors(2), _errors(2))] * 7
-    assert gap_interval_points(same) == (0.0, 0.0)
+    assert gap_interval_points(same) == gap_interval_points([]) == (0.0, 0.0)
     one_clip = [(_errors(4), _errors(2))] + [(_errors(1), _errors(1))] * 6
     low, high = gap_interval_points(one_clip)
     assert low == 0.0 and 2.9 < high <= 20.0

@@ -104,6 +104,8 @@ def gap_interval_points(
     drawn could make alone. Seeded, so a run reports the same interval for the same counts."""
     import numpy as np
 
+    if not pairs:
+        return 0.0, 0.0
     errors = np.array([[a.errors, b.errors, a.reference_words] for a, b in pairs], dtype=float)
     draws = np.random.default_rng(seed).integers(0, len(pairs), size=(resamples, len(pairs)))
     sums = errors[draws].sum(axis=1)  # (resamples, 3)

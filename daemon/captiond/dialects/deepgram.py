@@ -335,7 +335,8 @@ class DeepgramDialect:
 
     def close_frame(self, error: SessionError) -> tuple[int, str]:
         # Deepgram's close reason is its error's name where it has one (its streaming error
-        # table: "NET-0001" after no audio), which clients read to tell a timeout from bad audio.
+        # table: "NET-0001" after no audio), which clients read to tell a timeout, worth a
+        # reconnect, from other closes.
         return close_code_for(error, _CLOSE_CODES), _VARIANTS.get(error.code, error.code)
 
     def _note_utterance_end(self, end_ms: int) -> None:
