@@ -638,7 +638,13 @@ class RoomDaemon:
     process: subprocess.Popen[bytes]
     port: int
     log: Path
+    player: threading.Thread
+    stop_playing: threading.Event
     server_stopped: bool = False  # PulseAudio is SIGSTOPped (the fixture's end resumes it)
+
+    def stop_player(self) -> None:
+        self.stop_playing.set()
+        self.player.join(timeout=30)
 
 
 @contextlib.contextmanager
@@ -655,17 +661,15 @@ def room_daemon(virtual_mic: VirtualMic, tmp_path: Path) -> Iterator[RoomDaemon]
     )
     player.start()
     with daemon_log.open("w") as dlog:
-        room = RoomDaemon(
-            subprocess.Popen(serve, env=virtual_mic.env, stderr=dlog), port, daemon_log
-        )
+        process = subprocess.Popen(serve, env=virtual_mic.env, stderr=dlog)
+        room = RoomDaemon(process, port, daemon_log, player, stop_playing)
         try:
             wait_for_line(daemon_log, "ready: ws://", room.process, 60)
             yield room
         finally:
             if room.server_stopped:
                 os.kill(virtual_mic.server_pid, signal.SIGCONT)
-            stop_playing.set()
-            player.join(timeout=30)
+            room.stop_player()
             if room.process.poll() is None:
                 room.process.kill()
                 room.process.wait()
@@ -703,6 +707,7 @@ def test_a_hung_audio_server_stops_its_source_not_the_daemon(
                 await read_until(viewer, lambda m: m.get("state") == "capturing", [])
 
         asyncio.run(scenario())
+        room.stop_player()  # while the daemon still records, the pipe is read
         room.process.send_signal(signal.SIGTERM)
         assert room.process.wait(timeout=60) == 0, room.log.read_text()
         shut_down = room.log.read_text()
