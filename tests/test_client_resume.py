@@ -18,7 +18,7 @@ import pytest
 from daemon_harness import RATE, make_config, running_daemon, tone_bursts
 
 from captiond.journal_read import find_session
-from captiond_client.stream import Stream, StreamError, stream_samples
+from captiond_client.stream import Stream, StreamError, paced_chunks, stream_samples
 
 Message = dict[str, Any]
 # Ten 0.6-s "words" a second apart, streamed at 4x real time: ~4 s of streaming.
@@ -364,3 +364,39 @@ def test_a_resend_after_a_restart_starts_on_a_whole_sample() -> None:
     on a sample, or the new session's first frame is refused as `bad_audio`."""
     stream = Stream("ws://x/v1/stream", sample_rate_hz=22_050, on_message=lambda m: None)
     assert all(stream._bytes_at_ms(ms) % 2 == 0 for ms in range(10_000))
+
+
+def test_audio_the_client_no_longer_kept_shifts_the_resumed_sessions_times(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Away longer than it keeps audio (possible with `resume_s` over the client's 120 s; here
+    1 s kept, 6 s of audio away), the client resumes from the oldest audio it still has. The
+    daemon's clock goes on from what it received, so the client shifts the later times by the
+    audio it skipped: the transcript stays on the source's clock (it was 5 s early)."""
+
+    async def scenario() -> list[Message]:
+        async with running_daemon(make_config()) as daemon:
+            proxy = Proxy(daemon.port)
+            port = await proxy.start()
+            messages: list[Message] = []
+            stream = Stream(
+                f"ws://127.0.0.1:{port}/v1/stream",
+                sample_rate_hz=RATE,
+                on_message=messages.append,
+                keep_audio_s=1.0,
+            )
+            client = asyncio.create_task(stream.run(paced_chunks(samples(), SPEED)))
+            await asyncio.sleep(1.2)
+            proxy.unavailable = 1  # away for the backoff's 0.5 + 1 s: 6 s of audio at 4x
+            proxy.cut()
+            await asyncio.wait_for(client, 30)
+            proxy.close()
+            return messages
+
+    messages = asyncio.run(scenario())
+    assert [m["type"] for m in messages].count("resumed") == 1
+    assert any("were not kept" in r.message for r in caplog.records)
+    finals = check_exactly_once(messages)
+    assert messages[-1]["type"] == "done"
+    assert abs(messages[-1]["audio_ms"] - len(PCM) * 1000 // RATE) <= 100
+    assert finals[-1]["end_ms"] >= len(PCM) * 1000 // RATE - 1_100

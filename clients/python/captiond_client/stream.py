@@ -150,6 +150,9 @@ class Stream:
         # have transcribed it: a new session (the old one could not be resumed) starts there.
         self._session_base: int | None = None  # None: no session yet
         self._covered = 0
+        # Audio a resume could not resend (the client no longer had it), in the current
+        # session: (the daemon's stream ms where its audio skips, source bytes skipped there).
+        self._skips: list[tuple[int, int]] = []
         self._away_since: float | None = None  # monotonic time the connection was lost
         self.reconnects = 0
 
@@ -235,6 +238,9 @@ class Stream:
                 position = int(hello["received_bytes"])
                 if position < self._kept_from:
                     log.warning("%d ms of audio were not kept: not resent", self._gap_ms(position))
+                    # The daemon's clock goes on from what it received: its later times are
+                    # this much earlier than the source's.
+                    self._skips.append((int(hello["audio_ms"]), self._kept_from - position))
                     position = self._kept_from
             elif self._session_base is None:  # the first session: all the source's audio
                 self._budget.new_session()
@@ -287,6 +293,7 @@ class Stream:
             # not resume): its segments count from 0 again, after the earlier ones'.
             self._earlier_segments += self._next_segment
             self._next_segment = 0
+            self._skips = []
         self._token = message.get("resume_token")
         self._away_since = None
         self._retry_s = _FIRST_RETRY_S
@@ -331,7 +338,8 @@ class Stream:
                 if segment < self._next_segment:
                     continue  # replayed, and already reported
                 self._next_segment = segment + 1
-                self._covered = (self._session_base or 0) + self._bytes_at_ms(message["end_ms"])
+                end_ms = message["end_ms"]
+                self._covered = self._clock_offset_bytes(end_ms) + self._bytes_at_ms(end_ms)
                 self._on_message(self._continuous(message))
                 # The daemon may already be closing (`done` follows): a lost ack only means
                 # a longer replay after a resume, which `since` trims anyway.
@@ -346,10 +354,17 @@ class Stream:
             if kind == "done":
                 return
 
+    def _clock_offset_bytes(self, ms: int) -> int:
+        """Source bytes the current session's clock does not count up to its stream time `ms`:
+        the audio before the session, and any that a resume skipped before `ms`."""
+        skipped = sum(nbytes for at_ms, nbytes in self._skips if ms > at_ms)
+        return (self._session_base or 0) + skipped
+
     def _continuous(self, message: Message) -> Message:
-        """A message of a later session (an earlier one could not be resumed) with segment
-        numbers and times that go on from the earlier sessions', as one transcript."""
-        if not (self._earlier_segments or self._session_base):
+        """A message of a later session (an earlier one could not be resumed), or one after a
+        resume that skipped audio, with segment numbers and times that go on from the earlier
+        ones', on the source's clock, as one transcript."""
+        if not (self._earlier_segments or self._session_base or self._skips):
             return message
         shifted = dict(message)
         for key in ("segment", "segments"):  # a final's number; `done`'s count
@@ -357,7 +372,7 @@ class Stream:
                 shifted[key] += self._earlier_segments
         for key in ("start_ms", "end_ms", "audio_ms"):
             if key in shifted:
-                shifted[key] += (self._session_base or 0) * 1000 // self._bytes_per_s
+                shifted[key] += self._clock_offset_bytes(shifted[key]) * 1000 // self._bytes_per_s
         return shifted
 
     async def _next(self, conn: ClientConnection) -> Message:
