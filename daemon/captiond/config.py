@@ -18,13 +18,11 @@ from typing import Any, get_origin, get_type_hints
 from urllib.parse import urlsplit
 
 from captiond.chinese import VARIANTS
+from captiond.engines import PROMPT_BUDGET_TOKENS
 from captiond.errors import BadMessageError, ConfigError
 from captiond.protocol import check_prompt, parse_language
 
 WHISPER_WINDOW_S = 30.0
-# Whisper's text before its first generated token (engines.PROMPT_BUDGET_TOKENS): a forced
-# context is part of it.
-_PROMPT_BUDGET_TOKENS = 223
 
 log = logging.getLogger("captiond")
 
@@ -440,7 +438,8 @@ RANGES: dict[type[Any], dict[str, Range]] = {
         # A decode is one Whisper window: context longer than 30 s would cut the new audio off.
         "context_s": _WINDOW,
         "partial_context_s": _WINDOW,
-        "context_tokens": Range(0, _PROMPT_BUDGET_TOKENS, why="Whisper's prompt budget"),
+        # A forced context is part of Whisper's text before its first generated token.
+        "context_tokens": Range(0, PROMPT_BUDGET_TOKENS, why="Whisper's prompt budget"),
         "prompt_chars": _NON_NEGATIVE,
         "final_beam_size": _AT_LEAST_ONE,
         "context_beam_size": _AT_LEAST_ONE,
