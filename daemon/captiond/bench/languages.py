@@ -133,12 +133,6 @@ def _interval(points: tuple[float, float]) -> str:
     return f"{points[0]:+.1f} to {points[1]:+.1f}"
 
 
-def _pooled_gap_points(pairs: list[tuple[WerCounts, WerCounts]]) -> float:
-    streamed = sum((s for s, _ in pairs), NO_ERRORS)
-    whole = sum((w for _, w in pairs), NO_ERRORS)
-    return round(100 * (streamed.wer - whole.wer), 2)
-
-
 def _bench_languages(args: argparse.Namespace) -> int:
     env = common.prepare(args)
     languages = _languages(env.manifest)
@@ -223,6 +217,8 @@ def _bench_languages(args: argparse.Namespace) -> int:
         }
     lid_clips = sum(g["lid_clips"] for g in groups.values())
     every_clip = [pair for group in pairs.values() for pair in group]
+    streamed_all = sum(streamed_counts.values(), NO_ERRORS)
+    whole_all = sum(whole_counts.values(), NO_ERRORS)
     overall = {
         "lid_accuracy": round(sum(g["lid_correct"] for g in groups.values()) / lid_clips, 4)
         if lid_clips
@@ -235,7 +231,7 @@ def _bench_languages(args: argparse.Namespace) -> int:
         ),
         "languages": len(per_language),
         # All clips together, words and characters alike: a relative figure.
-        "pooled_gap_points": _pooled_gap_points(every_clip),
+        "pooled_gap_points": round(100 * (streamed_all.wer - whole_all.wer), 2),
         "pooled_gap_ci95_points": gap_interval_points(every_clip),
     }
     data = common.header(args, env, "languages") | {
