@@ -1017,6 +1017,22 @@ def test_a_final_that_disagrees_keeps_the_stable_words_and_takes_the_rest() -> N
     assert driver.of(Final)[0].text == "And so my fellow Americans, ask not"
 
 
+def test_a_final_that_writes_the_last_stable_words_otherwise_keeps_the_words_after_them() -> None:
+    # The partials wrote "thirty eight" (stable) and the final decode "38": one for one, the
+    # two stable words stood for "38 apples." and "apples." was lost. The final goes on where
+    # the decode has the word the newest partial showed after the stable ones.
+    def decode(request: EngineRequest) -> EngineResult:
+        if request.kind is DecodeKind.FINAL:
+            return EngineResult(text="I have 38 apples.")
+        return after_prefix(request, EngineResult(text="I have thirty eight apples"))
+
+    driver = Driver(decode, stream=NO_CONTEXT)
+    driver.send(np.concatenate([silence(0.5), tone(2.5), silence(1.0)]))
+    driver.control(Control.END)
+    assert driver.of(Partial)[-1].stable == "I have thirty eight"
+    assert driver.of(Final)[0].text == "I have thirty eight apples."
+
+
 def test_punctuation_after_the_forced_words_is_not_a_word_of_its_own() -> None:
     # Forced "Hello", Whisper goes on with the comma it would have put after it: the partial
     # must not show (and then promise) "Hello , there" with the comma as a word. The comma

@@ -103,6 +103,19 @@ def test_a_chinese_final_keeps_the_stable_characters() -> None:
     )
 
 
+def test_a_final_that_writes_the_stable_characters_end_otherwise_loses_nothing_after_it() -> None:
+    # Three stable characters written as one unit ("三十八" as "38"), or three kana as two
+    # kanji ("てんき" as "天気"): the decode goes on where the newest partial went on after the
+    # stable text ("年", "が"), not a unit of it for each stable one, which lost "年,登" and "が".
+    stable = tuple(units("嘉靖三十八"))
+    decoded = "嘉靖38年,登进士第三甲第二名。"
+    assert keep_stable(stable, decoded, units("年登进")) == "嘉靖三十八年,登进士第三甲第二名。"
+    stable = tuple(units("今日はてんき"))
+    assert (
+        keep_stable(stable, "今日は天気がいいです。", units("がいい")) == "今日はてんきがいいです。"
+    )
+
+
 @pytest.mark.parametrize(
     ("unit", "plain"),
     [

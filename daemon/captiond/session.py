@@ -120,8 +120,9 @@ class SessionState(enum.Enum):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DecodeRequest:
     """A decode the session wants: the utterance's span of stream audio (the engine request's
-    audio may start earlier, for context), its stable words when asked, and which of them the
-    decode was forced to start with (a partial's; none for a final)."""
+    audio may start earlier, for context), its stable words when asked and the newest
+    partial's words after them, and which of the stable words the decode was forced to start
+    with (a partial's; none for a final)."""
 
     utterance: int
     start_sample: int
@@ -129,6 +130,7 @@ class DecodeRequest:
     stable_words: tuple[str, ...]
     forced_words: tuple[str, ...]
     engine_request: EngineRequest
+    following_words: tuple[str, ...] = ()
 
     @property
     def kind(self) -> DecodeKind:
@@ -581,6 +583,7 @@ class StreamSession:
             speech_start_sample=utt.speech_start_sample,
             stable_words=stable,
             forced_words=forced,
+            following_words=utt.agreement.following,
             engine_request=EngineRequest(
                 audio=self._buffer.view(context.start_sample, end),
                 kind=kind,
@@ -754,7 +757,7 @@ class StreamSession:
         """Send the utterance's final: its stable words, then the decode's words after them;
         the decode's own text is what later decodes continue from."""
         assert utt.end_sample is not None
-        text = keep_stable(request.stable_words, decoded)
+        text = keep_stable(request.stable_words, decoded, request.following_words)
         # An utterance that showed nothing and decoded to nothing leaves no trace; one that
         # showed partials always gets its one final, possibly empty, so clients clear it, and
         # so does one a finalize ended, so the client has its answer.

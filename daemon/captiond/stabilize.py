@@ -13,13 +13,15 @@ later decode of the segment, so a wrong one would stay wrong.
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from captiond.text import join_units, trailing_marks, units, with_marks
 
 # How far (in words) a final decode may shift a stable word and still be matched with it.
 _ANCHOR_SHIFT_WORDS = 3
+# The fewest characters that, beginning a longer word, stand for it (`_same_word`).
+_WORD_START_CHARS = 4
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +56,11 @@ class LocalAgreement:
     def committed(self) -> tuple[str, ...]:
         return tuple(self._committed)
 
+    @property
+    def following(self) -> tuple[str, ...]:
+        """The newest hypothesis's words after the committed ones (shown as unstable)."""
+        return tuple(self._previous[len(self._committed) :])
+
     def update(self, hypothesis: str, sure: int | None = None) -> Split:
         """Take the newest hypothesis of the whole utterance and how many of its leading words
         the decoder was sure of (None: all); return its stable/unstable split."""
@@ -84,7 +91,7 @@ class LocalAgreement:
         )
 
 
-def keep_stable(stable: Sequence[str], decoded: str) -> str:
+def keep_stable(stable: Sequence[str], decoded: str, following: Sequence[str] = ()) -> str:
     """The final text that keeps the promise: the stable words as they were shown, then the
     words of the final decode that come after them.
 
@@ -92,7 +99,8 @@ def keep_stable(stable: Sequence[str], decoded: str) -> str:
     the decode that later decodes continue from spreads their errors), so where the decode
     disagrees with the stable words, the stable words win and the decode supplies the rest:
     stable "And so my fellow" and decode "And so am I fellow Americans." give
-    "And so my fellow Americans.".
+    "And so my fellow Americans.". `following`: the newest partial's words after the stable
+    ones, which find where the decode goes on when it rewrote the stable text's last words.
     """
     words = units(decoded)
     if not stable:
@@ -104,19 +112,46 @@ def keep_stable(stable: Sequence[str], decoded: str) -> str:
     # after it stand for as many decode words (one for one). Searched near each stable word,
     # not by a longest common block: in Chinese every character is a unit, and a block's
     # "三" far along the decode ("…第三甲") hid the "年" two units from its place.
-    rest = len(stable)
+    anchored, after = -1, 0
     for a in range(len(stable) - 1, -1, -1):
         stem = _stem(stable[a])
-        near = [
-            b
-            for b in range(max(0, a - _ANCHOR_SHIFT_WORDS), a + _ANCHOR_SHIFT_WORDS + 1)
-            if b < len(stems) and stems[b] == stem
-        ]
-        if near:
-            rest = min(near, key=lambda b: abs(b - a)) + len(stable) - a
+        near = _near(stems, stem.__eq__, a)
+        if near is not None:
+            anchored, after = a, near + 1
             break
+    rest = after + len(stable) - 1 - anchored
+    if anchored < len(stable) - 1 and following:
+        # The decode rewrote the stable text's last words, maybe in more or fewer units
+        # ("三十八" as "38", "thirty eight" as "38", "てんき" as "天気"): one for one would drop
+        # or repeat the decode's next words. Where the decode has the word the newest partial
+        # heard after the stable text, near where one for one puts it, it goes on from there.
+        heard = _stem(following[0])
+        resumed = _near(stems, lambda stem: _same_word(stem, heard), rest, start=after)
+        if resumed is not None:
+            rest = resumed
     # The decode's punctuation after the word the last stable word stands for ("you." for
     # "you") is kept: the final still starts with exactly the stable text, and ends its
     # sentence.
     marks = trailing_marks(stable[-1], words[rest - 1]) if 0 < rest <= len(words) else ""
     return join_units([*stable[:-1], with_marks(stable[-1], marks), *words[rest:]])
+
+
+def _near(
+    stems: Sequence[str], matches: Callable[[str], bool], place: int, start: int = 0
+) -> int | None:
+    """The index of the stem that `matches` closest to `place` (at most `_ANCHOR_SHIFT_WORDS`
+    away, not before `start`), or None."""
+    low = max(start, place - _ANCHOR_SHIFT_WORDS)
+    high = min(len(stems), place + _ANCHOR_SHIFT_WORDS + 1)
+    found = [b for b in range(low, high) if matches(stems[b])]
+    return min(found, key=lambda b: abs(b - place)) if found else None
+
+
+def _same_word(decoded: str, heard: str) -> bool:
+    """Whether a final's word is the one a greedy partial wrote at the audio's edge: equal, or
+    one of at least `_WORD_START_CHARS` characters begins the other (the partial's "nacque",
+    the final's "nacquero")."""
+    if decoded == heard:
+        return True
+    shorter, longer = sorted((decoded, heard), key=len)
+    return len(shorter) >= _WORD_START_CHARS and longer.startswith(shorter)
