@@ -648,11 +648,14 @@ class RoomDaemon:
 
 
 @contextlib.contextmanager
-def room_daemon(virtual_mic: VirtualMic, tmp_path: Path) -> Iterator[RoomDaemon]:
-    """The daemon capturing the pipe, which is fed silence at real time throughout."""
+def room_daemon(virtual_mic: VirtualMic, tmp_path: Path, *sources: str) -> Iterator[RoomDaemon]:
+    """The daemon capturing the pipe, which is fed silence at real time throughout, as source
+    "room" (and `sources`, more `--source` values)."""
     port = free_port()
     daemon_log = tmp_path / "daemon.log"
     serve = [*CAPTIOND, "serve", "--port", str(port), "--engine", "fake", "--source", "room"]
+    for source in sources:
+        serve += ["--source", source]
     go, stop_playing = threading.Event(), threading.Event()
     # A daemon thread: the pipe source stops reading once nothing records, and a write into the
     # full pipe would then never return.
@@ -738,3 +741,62 @@ def test_sigterm_while_the_audio_server_is_stopped_ends_the_daemon(
         assert room.process.wait(timeout=Config().server.drain_timeout_s) == 0
         shut_down = room.log.read_text()
         assert " ERROR " not in shut_down and "Traceback" not in shut_down, shut_down
+
+
+def test_a_microphone_plugged_in_while_another_captures_is_found(
+    virtual_mic: VirtualMic, tmp_path: Path
+) -> None:
+    """Two sources: "room" captures the default input, "late" names a device that is not there
+    yet. It is plugged in (a second PulseAudio source and the ALSA device that reaches it) while
+    room's stream is open. PortAudio enumerates devices again only with none of its streams
+    open, so late used to wait for it until the daemon restarted; now it finds it, and room
+    captures on throughout."""
+    late_fifo = virtual_mic.fifo.with_name("late.fifo")
+    with room_daemon(virtual_mic, tmp_path, "late=late_mic") as room:
+
+        async def scenario() -> list[Message]:
+            room_seen: list[Message] = []
+            room_url = f"ws://127.0.0.1:{room.port}/v1/captions?source=room"
+            late_url = f"ws://127.0.0.1:{room.port}/v1/captions?source=late"
+            async with connect(room_url) as room_viewer, connect(late_url) as late_viewer:
+                await read_until(room_viewer, lambda m: m.get("state") == "capturing", room_seen)
+                late_seen: list[Message] = []
+                await read_until(
+                    late_viewer, lambda m: m.get("state") == "waiting_for_device", late_seen
+                )
+                assert "late_mic" in late_seen[-1]["message"]
+                # Plugged in: the ALSA device, and the PulseAudio source behind it.
+                with (Path(virtual_mic.env["HOME"]) / ".asoundrc").open("a") as asoundrc:
+                    asoundrc.write(
+                        "pcm.late_mic { type pulse device late_source hint { show on "
+                        'description "late_mic" } }\n'
+                    )
+                pactl = ["pactl", "load-module", "module-pipe-source", "source_name=late_source"]
+                pactl += [f"file={late_fifo}", "format=s16le", "rate=16000", "channels=1"]
+                subprocess.run(
+                    pactl, env=virtual_mic.env, check=True, timeout=30, capture_output=True
+                )
+                stop_late = threading.Event()
+                late_player = threading.Thread(
+                    target=play,
+                    args=(late_fifo, np.zeros(0, "<i2"), threading.Event(), stop_late),
+                    daemon=True,
+                )
+                late_player.start()
+                try:
+                    # The retry's backoff doubles from 1 s: by now it waits 4 to 16 s.
+                    async with asyncio.timeout(60):
+                        await read_until(
+                            late_viewer, lambda m: m.get("state") == "capturing", late_seen
+                        )
+                finally:
+                    stop_late.set()
+                    late_player.join(timeout=30)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(1):
+                        await read_until(room_viewer, lambda m: False, room_seen)
+            return room_seen
+
+        room_seen = asyncio.run(scenario())
+        states = [m["state"] for m in room_seen if m.get("type") == "source"]
+        assert states == ["capturing"], room_seen

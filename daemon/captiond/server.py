@@ -43,6 +43,7 @@ from captiond.access import (
     machine_names,
 )
 from captiond.audio import ms_to_samples
+from captiond.capture import microphone
 from captiond.chinese import VARIANTS
 from captiond.config import Config, ServerConfig
 from captiond.connection import CLOSE_GOING_AWAY, AnsweringConnection, LiveStream, send_error
@@ -79,7 +80,7 @@ from captiond.resume import MAX_HELD_FINALS, ResumeKey, session_of_token
 from captiond.routing import WorkerSlot
 from captiond.scheduler import HEALTHY_WITHIN_S, Decoder
 from captiond.session import SessionState, StreamOrigin, StreamSession
-from captiond.sources import AudioInput, daemon_sources, microphone
+from captiond.sources import AudioInput, daemon_sources
 from captiond.text import join_texts
 from captiond.vad import Vad, webrtc_vad
 from captiond.web import static_response

@@ -1,12 +1,12 @@
 """Daemon-captured sources: each `[[sources]]` microphone feeds a StreamSession the daemon owns,
 whose captions go to every viewer of /v1/captions?source=NAME (broadcast.py).
 
-Event-loop thread only. The capture (captiond_client.mic) runs PortAudio's callback on its audio
-thread, and that callback only hands blocks to this loop; the device lookup and the stream's
-open, start and close, which block while the audio server hangs, run on threads of their own
-(mic._in_thread), so a stopped PulseAudio stops only its sources. The session is touched here
-alone. The decodes go through the shared InferenceScheduler like any client stream's. A missing,
-vanished or failing device (any error of the audio input) is a logged state
+Event-loop thread only. Each device is captured by a child process (capture.py), started
+anew for each try, so a microphone plugged in after start-up is found whatever the other
+sources have open, and a stopped PulseAudio, which blocks PortAudio's calls, stops only its
+sources: nothing here waits on PortAudio. The session is touched here alone. The decodes go
+through the shared InferenceScheduler like any client stream's. A missing, vanished or
+failing device (any error of the audio input) is a logged state
 (`waiting_for_device`, visible to viewers) and a retry with backoff. While the decodes are more
 than `[server] max_buffered_s` behind, incoming audio is dropped (a microphone cannot be made to
 wait the way a client's socket is). With a journal, each source's finals are journaled before
@@ -26,6 +26,7 @@ import numpy as np
 from captiond import SAMPLE_RATE_HZ
 from captiond.audio import Resampler, Samples
 from captiond.broadcast import Broadcast
+from captiond.capture import microphone
 from captiond.config import Config, SourceConfig
 from captiond.engines import EngineResult, token_counter
 from captiond.errors import EngineFailedError
@@ -43,17 +44,6 @@ AudioInput = Callable[[SourceConfig], AsyncGenerator[tuple[int, Samples], None]]
 CAPTURING, WAITING, STOPPED = "capturing", "waiting_for_device", "stopped"
 # What a failed decode counts as: nothing was said (the session's filter drops it).
 _NOTHING = EngineResult(text="", no_speech_prob=1.0, avg_logprob=-10.0)
-
-
-async def microphone(source: SourceConfig) -> AsyncGenerator[tuple[int, Samples], None]:
-    """The production AudioInput: the configured device at its own rate, via sounddevice."""
-    from captiond_client.mic import capture, find_device_off_loop
-
-    device = await find_device_off_loop(source.device)
-    rate_hz = device.default_rate_hz
-    log.info("source %s: device %d %r at %d Hz", source.name, device.index, device.name, rate_hz)
-    async for block in capture(device, channel=source.channel):
-        yield rate_hz, block
 
 
 class DaemonSource:

@@ -5,11 +5,12 @@ Threads: PortAudio calls `capture`'s callback on its own audio thread; the callb
 the block and hands it to the caller's event loop with `call_soon_threadsafe`. Every PortAudio
 call that talks to the audio server (opening, starting and closing a stream, `_refresh`'s
 re-initialisation, the device queries) blocks for as long as that server hangs (a stopped
-PulseAudio): `capture` makes them on a daemon thread of their own (`_in_thread`), and
-`find_device_off_loop` runs `find_device` there; `input_devices` and `find_device` themselves
-block, for callers without an event loop (the CLIs, at start-up). `_PORTAUDIO` serialises those
-calls across threads. The generator's queue, its stall check and its blocks run on the event-loop
-thread. sounddevice is imported lazily, since it needs libportaudio2 at import time.
+PulseAudio): `capture` makes them on a daemon thread of their own (`_in_thread`);
+`input_devices` and `find_device` block, for callers without an event loop (the CLIs, at
+start-up, and the daemon's capture process, captiond.capture, which does nothing else).
+`_PORTAUDIO` serialises those calls across threads. The generator's queue, its stall check and
+its blocks run on the event-loop thread. sounddevice is imported lazily, since it needs
+libportaudio2 at import time.
 """
 
 from __future__ import annotations
@@ -129,8 +130,7 @@ def input_devices() -> list[InputDevice]:
 
 def find_device(device: str | int) -> InputDevice:
     """An input device by index, by name (exact, else a unique case-insensitive part), or the
-    system's default input for "default". Blocks while the audio server hangs: on an event loop,
-    use `find_device_off_loop`."""
+    system's default input for "default". Blocks while the audio server hangs."""
     with _PORTAUDIO:  # the default's index belongs to the enumeration just made
         devices = input_devices()
         if device == "default":
@@ -150,12 +150,6 @@ def find_device(device: str | int) -> InputDevice:
         what = "no" if not found else "more than one"
         raise DeviceError(f"{what} input device matches {device!r} (inputs: {names})")
     return found[0]
-
-
-async def find_device_off_loop(device: str | int) -> InputDevice:
-    """`find_device` on a thread of its own, so that a hung audio server does not stop the
-    caller's event loop."""
-    return await _in_thread(lambda: find_device(device))
 
 
 def _close(stream: Any) -> None:
