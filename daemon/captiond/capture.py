@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import struct
 import sys
@@ -63,14 +64,14 @@ async def microphone(source: SourceConfig) -> AsyncGenerator[tuple[int, Samples]
         # No time limit: the device lookup waits for a hung audio server as long as it hangs.
         device = await _expect(child.stdout, _DEVICE, child)
         rate_hz = int(device["rate_hz"])
-        log.info("source %s: device %d %r at %d Hz", source.name, device["index"],
-                 device["name"], rate_hz)  # fmt: skip
+        name = device["name"]
+        log.info("source %s: device %d %r at %d Hz", source.name, device["index"], name, rate_hz)
         while True:
             try:
                 async with asyncio.timeout(_STALL_S):
                     block = await _expect(child.stdout, _AUDIO, child)
             except TimeoutError:
-                raise CaptureError(f"{device['name']}: no audio for {_STALL_S:.0f} s") from None
+                raise CaptureError(f"{name}: no audio for {_STALL_S:.0f} s") from None
             yield rate_hz, block
     finally:
         if child.returncode is None:
@@ -130,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # The daemon ends this process (SIGKILL); a Ctrl-C meant for the daemon is not for it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    out = sys.stdout.buffer
+    # The records go to the pipe on a descriptor of their own; fd 1 becomes stderr, so that
+    # whatever else writes to stdout (a C library's message) cannot break a record.
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     try:
         asyncio.run(_capture(args.device, args.channel, out))
     except BrokenPipeError:  # the daemon is gone
