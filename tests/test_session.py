@@ -720,7 +720,8 @@ def test_final_text_is_stripped() -> None:
 
 
 def test_segments_skip_dropped_utterances() -> None:
-    texts = iter(["first words", "...", "third words"])
+    # The second utterance decodes to punctuation after its context, and again alone.
+    texts = iter(["first words", "...", "...", "third words"])
 
     def decode(request: EngineRequest) -> EngineResult:
         assert request.kind is DecodeKind.FINAL
@@ -1130,17 +1131,17 @@ def test_later_decodes_continue_from_the_decoded_final_not_the_stable_words() ->
     assert second[-1].engine_request.prefix == "Hello there, friend."
 
 
-def ends_at_once_after_context(*alone: str) -> Decoder:
+def ends_at_once_after_context(*alone: str, ended: str = "。") -> Decoder:
     """Partials hear "so we meet"; a final forced to continue earlier finals (or prompted with
-    them) ends at once, as Whisper did on a Japanese turn ("。"); those without them hear the
-    texts of `alone`, one after the other."""
+    them) ends at once, as Whisper did on a Japanese turn (writing `ended`: "。"); those
+    without them hear the texts of `alone`, one after the other."""
     texts = iter(alone)
 
     def decode(request: EngineRequest) -> EngineResult:
         if request.kind is DecodeKind.PARTIAL:
             return after_prefix(request, EngineResult(text="so we meet"))
         if request.prefix or request.prompt:
-            return EngineResult(text="。", avg_logprob=-0.1, no_speech_prob=0.0)
+            return EngineResult(text=ended, avg_logprob=-0.1, no_speech_prob=0.0)
         return EngineResult(text=next(texts), avg_logprob=-0.2, no_speech_prob=0.05)
 
     return decode
@@ -1188,14 +1189,62 @@ def test_a_final_that_ends_at_once_again_alone_keeps_its_stable_words() -> None:
     assert [f.text for f in driver.of(Final)] == ["so we meet again", "so we"]
 
 
-def test_an_utterance_that_showed_no_words_is_not_decoded_again() -> None:
-    # Without partials, nothing was shown: a final with context that decodes to nothing may be
-    # noise, which Whisper alone could caption.
-    driver = Driver(ends_at_once_after_context("Thank you."), partials=False)
+def test_an_utterance_that_showed_no_words_and_decoded_to_nothing_is_not_decoded_again() -> None:
+    # Without partials, nothing was shown: a final with context that decodes to nothing at all
+    # may be noise, which Whisper alone could caption.
+    driver = Driver(ends_at_once_after_context("Thank you.", ended=""), partials=False)
     two_utterances(driver)
     driver.control(Control.END)
     assert [f.text for f in driver.of(Final)] == ["Thank you."]
     assert [r.utterance for r in driver.requests].count(driver.requests[-1].utterance) == 1
+
+
+def test_a_final_that_only_closed_its_contexts_sentence_is_decoded_again_alone() -> None:
+    # Whisper forced to continue the earlier finals wrote their sentence's "。" and ended: it
+    # heard the utterance as the end of the last one (two turns of a fast Chinese session were
+    # lost so, their partials ending at once too). Without any partial shown, it is decoded
+    # again alone.
+    driver = Driver(
+        ends_at_once_after_context("so we meet again", "so we met again"), partials=False
+    )
+    two_utterances(driver)
+    driver.control(Control.END)
+    assert [f.text for f in driver.of(Final)] == ["so we meet again", "so we met again"]
+    with_context, alone = finals_of_last_utterance(driver)
+    assert with_context.prefix and (alone.prefix, alone.prompt) == ("", "")
+
+
+def repeats_after_context(*alone: str) -> Decoder:
+    """A final forced to continue earlier finals writes their last sentence again (and again,
+    the more copies the prefix holds), as Whisper did in a fast Japanese session; those without
+    context hear the texts of `alone`, one after the other."""
+    texts = iter(alone)
+
+    def decode(request: EngineRequest) -> EngineResult:
+        if request.kind is DecodeKind.FINAL and request.prefix:
+            return EngineResult(text="We met.", avg_logprob=-0.2, no_speech_prob=0.0)
+        if request.kind is DecodeKind.FINAL:
+            return EngineResult(text=next(texts), avg_logprob=-0.2, no_speech_prob=0.05)
+        return EngineResult(text="")
+
+    return decode
+
+
+def test_a_final_that_repeats_its_contexts_last_words_is_decoded_again_alone() -> None:
+    driver = Driver(repeats_after_context("We met.", "She saw him."), partials=False)
+    two_utterances(driver)
+    driver.control(Control.END)
+    assert [f.text for f in driver.of(Final)] == ["We met.", "She saw him."]
+    with_context, alone = finals_of_last_utterance(driver)
+    assert with_context.prefix == "We met." and (alone.prefix, alone.prompt) == ("", "")
+
+
+def test_a_speaker_who_said_the_same_again_gets_it_from_the_decode_alone() -> None:
+    driver = Driver(repeats_after_context("We met.", "We met."), partials=False)
+    two_utterances(driver)
+    driver.control(Control.END)
+    assert [f.text for f in driver.of(Final)] == ["We met.", "We met."]
+    assert len(finals_of_last_utterance(driver)) == 2  # decoded alone once, not again
 
 
 def runs_out_of_tokens_after_a_prefix(decode_alone: str) -> Decoder:

@@ -17,6 +17,7 @@ from captiond.text import (
     join_texts,
     join_units,
     plain_unit,
+    repeats_the_end_of,
     separator,
     units,
     written_after,
@@ -267,3 +268,21 @@ def test_the_terminal_clients_live_line_fits_the_terminals_columns(
     partial = {"type": "partial", "stable": stable, "separator": separator, "unstable": unstable}
     CaptionPrinter(out)(partial)
     assert re.sub(r"\x1b\[[0-9;]*[A-Za-z]|\r", "", out.getvalue()) == shown
+
+
+@pytest.mark.parametrize(
+    ("text", "before", "repeats"),
+    [
+        ("顔に車を止めた", "病気のため…。顔に車を止めた。", True),
+        ("顔に車を止めた。顔に車を止めた。", "病気のため…。顔に車を止めた", True),
+        ("We met.", "Hello there. we met", True),
+        ("We met again.", "Hello there. We met.", False),
+        ("met", "Hello there. We met.", True),
+        ("。", "顔に車を止めた。", False),  # no words: another rule's case
+        ("She saw him.", "", False),
+    ],
+)
+def test_a_text_that_only_repeats_the_end_of_what_came_before(
+    text: str, before: str, repeats: bool
+) -> None:
+    assert repeats_the_end_of(text, before) is repeats

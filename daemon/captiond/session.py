@@ -11,8 +11,9 @@ earlier finals' audio and their decoded text is forced as Whisper's prefix, so o
 come back. Partials also force the utterance's stable words. Finals do not (partial-quality
 words would spread into every later decode); the final sent keeps the stable words verbatim and
 takes the rest from the decode (stabilize.keep_stable), so it never contradicts them. A final
-that decodes to nothing after its context, though partials showed words, or that ran out of
-tokens after its context's prefix, is decoded again without it (`_ask_again_alone`).
+that decodes to nothing after its context (though partials showed words, or writing only
+punctuation), that only repeats its context's last words, or that ran out of tokens after its
+context's prefix, is decoded again without it (`_ask_again_alone`).
 
 A final's decode covers its utterance up to `final_tail_ms` of silence (vad.py), so it can
 start before the endpoint confirms the utterance over: an early final. If the endpoint comes
@@ -65,6 +66,7 @@ from captiond.text import (
     join_texts,
     join_units,
     only_punctuation,
+    repeats_the_end_of,
     separator,
     units,
     with_marks,
@@ -162,8 +164,8 @@ class _Utterance:
     early_end_sample: int = 0  # audio end of the latest early final asked for
     # An early final's answer, kept until the endpoint: its request and the text decoded.
     early: tuple[DecodeRequest, str] | None = None
-    # Its final is decoded without the conversation's context: with it, it decoded to nothing
-    # although partials had shown words, or ran out of tokens (`_ask_again_alone`).
+    # Its final is decoded without the conversation's context: with it, it decoded to nothing,
+    # repeated the context, or ran out of tokens (`_ask_again_alone`).
     alone: bool = False
     language: str | None = None  # decided once per utterance (with ?language=auto: detected)
     detect_longer: bool = False  # 1 s did not tell its language: detected on more audio
@@ -377,7 +379,7 @@ class StreamSession:
             rest[0] = written_after(forced_words[-1], rest[0])
         text = join_units((*forced_words, *rest))
         if request.kind is DecodeKind.FINAL:
-            self._take_final(utt, request, text, result.truncated)
+            self._take_final(utt, request, text, result)
         elif self._open is not None and self._open.index == request.utterance and text:
             sure = self._sure_units(request, unit_probs[skipped:], new_units[skipped:])
             self._show_partial(self._open, request, text, sure)
@@ -699,7 +701,7 @@ class StreamSession:
         )
 
     def _take_final(
-        self, utt: _Utterance | None, request: DecodeRequest, text: str, truncated: bool
+        self, utt: _Utterance | None, request: DecodeRequest, text: str, result: EngineResult
     ) -> None:
         """A final decode's text: the final of its ended utterance when it decoded that
         utterance's audio; an early final's, kept while the speaker is still silent; else
@@ -709,7 +711,7 @@ class StreamSession:
             return
         early = utt is self._open
         wanted_end = self._segmenter.pause_sample if early else utt.decode_end_sample
-        if request.end_sample != wanted_end or self._ask_again_alone(utt, request, text, truncated):
+        if request.end_sample != wanted_end or self._ask_again_alone(utt, request, text, result):
             return
         if early:
             utt.early = (request, text)
@@ -717,16 +719,22 @@ class StreamSession:
             self._finish(self._closed.popleft(), request, decoded=text)
 
     def _ask_again_alone(
-        self, utt: _Utterance, request: DecodeRequest, text: str, truncated: bool
+        self, utt: _Utterance, request: DecodeRequest, text: str, result: EngineResult
     ) -> bool:
         """Ask for the utterance's final again without context, and say so, when this one was
         decoded after earlier finals (or prompted with them) and
 
-        - decoded to nothing though the utterance's partials had shown words. Conditioned on
-          the conversation, Whisper can end at once (a Japanese turn decoded to "。" after the
-          turn before it), and the words the reader saw would go with the final. Only an
-          utterance that showed words is asked again: one that showed none may be noise,
-          which Whisper alone may caption;
+        - decoded to nothing though the utterance's partials had shown words, or wrote only
+          punctuation after a forced prefix. Conditioned on the conversation, Whisper can end
+          at once (a Japanese turn decoded to "。" after the turn before it, closing the
+          context's sentence), and the words the reader saw would go with the final. An
+          utterance that showed no words and whose decode wrote nothing at all is not asked
+          again: it may be noise, which Whisper alone may caption;
+        - or wrote the context's last words again, once or more, and nothing else: Whisper
+          conditioned on a sentence can hear the next one as that sentence (in a Japanese
+          session spoken fast, every turn after the second came out as the second), and each
+          such final, forced into the next decode, makes the next one likelier. A speaker who
+          did say the same again gets it from the decode alone;
         - or wrote words but ran out of tokens after a forced prefix (`EngineResult.truncated`;
           the filters drop a loop that ran out, which the first rule then covers): the prefix
           counts in the decode's budget (`engines.new_token_budget`), and in a script of about
@@ -735,10 +743,12 @@ class StreamSession:
         engine_request = request.engine_request
         if utt.alone or not (engine_request.prefix or engine_request.prompt):
             return False
-        shown_then_lost = not text and utt.segment is not None
+        wrote = result.text.strip()
+        closed_only = bool(wrote) and only_punctuation(wrote) and bool(engine_request.prefix)
+        lost = not text and (utt.segment is not None or closed_only)
         # A truncated decode the filters dropped (text "") was a loop, not a long utterance.
-        cut_short = bool(text) and truncated and bool(engine_request.prefix)
-        if not (shown_then_lost or cut_short):
+        cut_short = bool(text) and result.truncated and bool(engine_request.prefix)
+        if not (lost or cut_short or repeats_the_end_of(text, engine_request.prefix)):
             return False
         utt.alone = True
         utt.early_end_sample = 0  # an early final: due again while the speaker stays silent

@@ -81,6 +81,26 @@ def only_punctuation(text: str) -> bool:
     return all(_edge(char) for char in text)
 
 
+def plain_text(text: str) -> str:
+    """`text`'s letters, digits and combining marks, lower-cased, with nothing between them:
+    what two writings of the same words share ("Thank you." and "thank you", "止めた。" and
+    "止めた")."""
+    return "".join(char for char in text.lower() if not _edge(char))
+
+
+def repeats_the_end_of(text: str, before: str) -> bool:
+    """Whether `text` is the end of `before` written again, once or more, and nothing else
+    (punctuation, spaces and case aside): "車を止めた" or "車を止めた。車を止めた" after
+    "…顔に車を止めた。"."""
+    plain = plain_text(text)
+    if not plain:
+        return False
+    # The shortest piece that `plain` is copies of ("abab": "ab"): a string is its own
+    # rotation by that length and by no shorter one.
+    piece = plain[: (plain + plain).find(plain, 1)]
+    return plain_text(before).endswith(piece)
+
+
 class Unit(str):
     """A text unit that remembers whether it was written right after the one before it, with no
     space between ("38" in "加进38年"): `join_units` then writes it back the same way. It is a

@@ -22,6 +22,7 @@ import numpy.typing as npt
 from websockets.asyncio.client import connect
 
 from captiond import SAMPLE_RATE_HZ
+from captiond.audio import Samples
 from captiond.bench.peer_whisperlive import MODES, peer_version
 from captiond.bench.report import config_dict, machine_facts, parse_settings
 from captiond.config import Config, load_config, override
@@ -290,3 +291,27 @@ def header(args: argparse.Namespace, env: BenchEnv, bench: str) -> dict[str, Any
             for c in env.clips
         ],
     }
+
+
+def spoken_faster(samples: Samples, tempo: float) -> Samples:
+    """16 kHz `samples` spoken `tempo` times as fast at the same pitch (FFmpeg's atempo, through
+    PyAV): talk faster than a corpus's reading."""
+    import av
+
+    graph = av.filter.Graph()
+    source = graph.add_abuffer(format="flt", sample_rate=SAMPLE_RATE_HZ, layout="mono")
+    atempo = graph.add("atempo", str(tempo))
+    sink = graph.add("abuffersink")
+    source.link_to(atempo)
+    atempo.link_to(sink)
+    graph.configure()
+    frame = av.AudioFrame.from_ndarray(samples[None, :], format="flt", layout="mono")
+    frame.sample_rate = SAMPLE_RATE_HZ
+    graph.push(frame)
+    graph.push(None)
+    out = []
+    while True:
+        try:
+            out.append(graph.pull().to_ndarray().reshape(-1))
+        except (av.error.EOFError, BlockingIOError):
+            return np.concatenate(out).astype(np.float32)
