@@ -1002,36 +1002,42 @@ def test_stable_words_are_forced_into_later_partials_and_kept_by_the_final() -> 
     assert driver.of(Final)[0].text.startswith(stable)
 
 
-def test_a_final_that_disagrees_keeps_the_stable_words_and_takes_the_rest() -> None:
-    # Whisper's final extends a stable word ("fellow" -> "fellows") and disagrees with another:
-    # the stable words stay as shown, the decode supplies what follows them.
+@pytest.mark.parametrize(
+    ("heard", "decoded", "stable", "final"),
+    [
+        # Whisper's final extends a stable word ("fellow" -> "fellows") and disagrees with
+        # another: the stable words stay as shown, the decode supplies what follows them.
+        (
+            "And so my fellow Americans",
+            "And so am I fellows Americans, ask not",
+            "And so my fellow",
+            "And so my fellow Americans, ask not",
+        ),
+        # The partials wrote "thirty eight" (stable) and the final decode "38": one for one,
+        # the two stable words stood for "38 apples." and "apples." was lost. The final goes
+        # on where the decode has the word the newest partial showed after the stable ones.
+        (
+            "I have thirty eight apples",
+            "I have 38 apples.",
+            "I have thirty eight",
+            "I have thirty eight apples.",
+        ),
+    ],
+)
+def test_a_final_that_disagrees_keeps_the_stable_words_and_takes_the_rest(
+    heard: str, decoded: str, stable: str, final: str
+) -> None:
     def decode(request: EngineRequest) -> EngineResult:
         if request.kind is DecodeKind.FINAL:
             assert request.prefix == ""
-            return EngineResult(text="And so am I fellows Americans, ask not")
-        return after_prefix(request, EngineResult(text="And so my fellow Americans"))
+            return EngineResult(text=decoded)
+        return after_prefix(request, EngineResult(text=heard))
 
     driver = Driver(decode, stream=NO_CONTEXT)
     driver.send(np.concatenate([silence(0.5), tone(2.5), silence(1.0)]))
     driver.control(Control.END)
-    assert driver.of(Partial)[-1].stable == "And so my fellow"
-    assert driver.of(Final)[0].text == "And so my fellow Americans, ask not"
-
-
-def test_a_final_that_writes_the_last_stable_words_otherwise_keeps_the_words_after_them() -> None:
-    # The partials wrote "thirty eight" (stable) and the final decode "38": one for one, the
-    # two stable words stood for "38 apples." and "apples." was lost. The final goes on where
-    # the decode has the word the newest partial showed after the stable ones.
-    def decode(request: EngineRequest) -> EngineResult:
-        if request.kind is DecodeKind.FINAL:
-            return EngineResult(text="I have 38 apples.")
-        return after_prefix(request, EngineResult(text="I have thirty eight apples"))
-
-    driver = Driver(decode, stream=NO_CONTEXT)
-    driver.send(np.concatenate([silence(0.5), tone(2.5), silence(1.0)]))
-    driver.control(Control.END)
-    assert driver.of(Partial)[-1].stable == "I have thirty eight"
-    assert driver.of(Final)[0].text == "I have thirty eight apples."
+    assert driver.of(Partial)[-1].stable == stable
+    assert driver.of(Final)[0].text == final
 
 
 def test_punctuation_after_the_forced_words_is_not_a_word_of_its_own() -> None:
