@@ -784,7 +784,7 @@ def test_a_microphone_plugged_in_while_another_captures_is_found(
                 )
                 late_player.start()
                 try:
-                    # The retry's backoff doubles from 1 s: by now it waits 4 to 16 s.
+                    # The retry's backoff doubles from 1 s, to at most 30 s.
                     async with asyncio.timeout(60):
                         await read_until(
                             late_viewer, lambda m: m.get("state") == "capturing", late_seen
