@@ -585,7 +585,8 @@ class StreamSession:
             speech_start_sample=utt.speech_start_sample,
             stable_words=stable,
             forced_words=forced,
-            following_words=utt.agreement.following,
+            # Only a final's text is assembled from them (keep_stable).
+            following_words=utt.agreement.following if kind is DecodeKind.FINAL else (),
             engine_request=EngineRequest(
                 audio=self._buffer.view(context.start_sample, end),
                 kind=kind,
