@@ -426,6 +426,13 @@ def _pulseaudio_pid(socket_path: Path) -> int:
     raise AssertionError(f"no pulseaudio process serves {socket_path}")
 
 
+def load_pipe_source(env: dict[str, str], name: str, fifo: Path) -> None:
+    """A PulseAudio source `name` that records what is written into `fifo` (16 kHz s16le)."""
+    pactl = ["pactl", "load-module", "module-pipe-source", f"source_name={name}"]
+    pactl += [f"file={fifo}", "format=s16le", "rate=16000", "channels=1"]
+    subprocess.run(pactl, env=env, check=True, timeout=30, capture_output=True)
+
+
 @pytest.fixture
 def virtual_mic() -> Iterator[VirtualMic]:
     """A private PulseAudio server whose default source is a FIFO the test writes to."""
@@ -450,9 +457,7 @@ def virtual_mic() -> Iterator[VirtualMic]:
         env=env, check=True, timeout=30, capture_output=True,
     )  # fmt: skip
     try:
-        pactl = ["pactl", "load-module", "module-pipe-source", "source_name=virtual_mic"]
-        pactl += [f"file={fifo}", "format=s16le", "rate=16000", "channels=1"]
-        subprocess.run(pactl, env=env, check=True, timeout=30, capture_output=True)
+        load_pipe_source(env, "virtual_mic", fifo)
         subprocess.run(["pactl", "set-default-source", "virtual_mic"], env=env, check=True)
         yield VirtualMic(env=env, fifo=fifo, server_pid=_pulseaudio_pid(socket_path))
     finally:
@@ -479,6 +484,18 @@ def play(fifo: Path, pcm: np.ndarray, go: threading.Event, stop: threading.Event
             time.sleep(max(0.0, started + i * 0.1 - time.monotonic()))
     finally:
         os.close(fd)
+
+
+def silence_player(fifo: Path) -> tuple[threading.Thread, threading.Event]:
+    """A started thread that writes silence into `fifo` at real time until its event is set.
+    A daemon thread: the pipe source stops reading once nothing records, and a write into the
+    full pipe would then never return."""
+    stop = threading.Event()
+    player = threading.Thread(
+        target=play, args=(fifo, np.zeros(0, "<i2"), threading.Event(), stop), daemon=True
+    )
+    player.start()
+    return player, stop
 
 
 def free_port() -> int:
@@ -656,13 +673,7 @@ def room_daemon(virtual_mic: VirtualMic, tmp_path: Path, *sources: str) -> Itera
     serve = [*CAPTIOND, "serve", "--port", str(port), "--engine", "fake", "--source", "room"]
     for source in sources:
         serve += ["--source", source]
-    go, stop_playing = threading.Event(), threading.Event()
-    # A daemon thread: the pipe source stops reading once nothing records, and a write into the
-    # full pipe would then never return.
-    player = threading.Thread(
-        target=play, args=(virtual_mic.fifo, np.zeros(0, "<i2"), go, stop_playing), daemon=True
-    )
-    player.start()
+    player, stop_playing = silence_player(virtual_mic.fifo)
     with daemon_log.open("w") as dlog:
         process = subprocess.Popen(serve, env=virtual_mic.env, stderr=dlog)
         room = RoomDaemon(process, port, daemon_log, player, stop_playing)
@@ -771,18 +782,8 @@ def test_a_microphone_plugged_in_while_another_captures_is_found(
                         "pcm.late_mic { type pulse device late_source hint { show on "
                         'description "late_mic" } }\n'
                     )
-                pactl = ["pactl", "load-module", "module-pipe-source", "source_name=late_source"]
-                pactl += [f"file={late_fifo}", "format=s16le", "rate=16000", "channels=1"]
-                subprocess.run(
-                    pactl, env=virtual_mic.env, check=True, timeout=30, capture_output=True
-                )
-                stop_late = threading.Event()
-                late_player = threading.Thread(
-                    target=play,
-                    args=(late_fifo, np.zeros(0, "<i2"), threading.Event(), stop_late),
-                    daemon=True,
-                )
-                late_player.start()
+                load_pipe_source(virtual_mic.env, "late_source", late_fifo)
+                late_player, stop_late = silence_player(late_fifo)
                 try:
                     # The retry's backoff doubles from 1 s, to at most 30 s.
                     async with asyncio.timeout(60):
