@@ -213,6 +213,10 @@ def test_the_last_stable_word_takes_the_punctuation_decoded_after_it() -> None:
         ("the cat", "The cat, sat on the mat.", "the cat, sat on the mat."),
         ("ask not what you", "Ask not what you.", "ask not what you."),
         ("And so my", "And so, my fellow", "And so my fellow"),  # inside: the promise holds
+        # The decode joined more to the last stable word with a hyphen: it grows by it, where
+        # one for one wrote "time time-wise," (the English corpus's dialogue).
+        ("Yes, time", "Yes, a time-wise, it should be", "Yes, time-wise, it should be"),
+        ("the well", "The well-known cat.", "the well-known cat."),
         ("one two three", "one two", "one two three"),
         ("a b", "", "a b"),
         ("", "Thank you.", "Thank you."),
@@ -264,11 +268,15 @@ def test_keep_stable_goes_on_where_the_partial_went_on_after_a_rewritten_end(
 @settings(max_examples=200)
 @given(
     st.lists(st.sampled_from(["a", "b", "c", "the"]), max_size=6),
-    st.lists(st.sampled_from(["a", "b", "c", "the", "d."]), max_size=8),
+    st.lists(st.sampled_from(["a", "b", "c", "the", "d.", "C.", "c-d"]), max_size=8),
     st.lists(st.sampled_from(["a", "b", "d", "the"]), max_size=3),
 )
 def test_keep_stable_always_starts_with_the_stable_words(
     stable: list[str], decoded: list[str], following: list[str]
 ) -> None:
     final = keep_stable(stable, " ".join(decoded), following).split()
-    assert final[: len(stable)] == stable
+    if stable:
+        assert final[: len(stable) - 1] == stable[:-1]
+        # The last one may have grown by the decode's punctuation or hyphenated rest.
+        last = final[len(stable) - 1]
+        assert last == stable[-1] or last[len(stable[-1]) :] in {".", "-d"}

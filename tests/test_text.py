@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from captiond.stabilize import LocalAgreement, keep_stable
 from captiond.text import (
+    continuation,
     has_word,
     join_texts,
     join_units,
@@ -133,6 +134,25 @@ def test_a_final_that_writes_the_stable_characters_end_otherwise_loses_nothing_a
 )
 def test_a_plain_unit_loses_punctuation_not_marks(unit: str, plain: str) -> None:
     assert plain_unit(unit) == plain
+
+
+@pytest.mark.parametrize(
+    ("unit", "said", "rest"),
+    [
+        ("you", "you.", "."),
+        ("you", "You.", "."),  # the stable word's case is kept; the decode's does not matter
+        ("time", "time-wise,", "-wise,"),
+        ("acredita", "acredita-se", "-se"),
+        ("well", "well\u2011known", "\u2011known"),  # a non-breaking hyphen
+        ("码", "码。", "。"),
+        ("time", "times", ""),  # another word, not this one continued
+        ("time", "time", ""),
+        ("time,", "time-wise,", ""),
+        ("de", "dé-jà", ""),
+    ],
+)
+def test_what_a_decode_writes_after_a_word_it_continues(unit: str, said: str, rest: str) -> None:
+    assert continuation(unit, said) == rest
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,9 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
-from captiond.text import join_units, trailing_marks, units, with_marks
+from captiond.text import continuation, join_units, trailing_marks, units, with_marks
 
 # How far (in words) a final decode may shift a stable word and still be matched with it.
 _ANCHOR_SHIFT_WORDS = 3
@@ -105,8 +106,6 @@ def keep_stable(stable: Sequence[str], decoded: str, following: Sequence[str] = 
     words = units(decoded)
     if not stable:
         return join_units(words)
-    # Matched loosely: a final that extends a word ("fellows") still anchors at it.
-    stems = [_stem(w) for w in words]
     # The last stable word that the decode has near where it is among the stable words (a
     # common word much later in the decode is no anchor) anchors the decode; stable words
     # after it stand for as many decode words (one for one). Searched near each stable word,
@@ -114,8 +113,7 @@ def keep_stable(stable: Sequence[str], decoded: str, following: Sequence[str] = 
     # "三" far along the decode ("…第三甲") hid the "年" two units from its place.
     anchored, after = -1, 0
     for a in range(len(stable) - 1, -1, -1):
-        stem = _stem(stable[a])
-        near = _near(stems, stem.__eq__, a)
+        near = _near(words, partial(_stands_for, stable[a]), a)
         if near is not None:
             anchored, after = a, near + 1
             break
@@ -126,24 +124,31 @@ def keep_stable(stable: Sequence[str], decoded: str, following: Sequence[str] = 
         # or repeat the decode's next words. Where the decode has the word the newest partial
         # heard after the stable text, near where one for one puts it, it goes on from there.
         heard = _stem(following[0])
-        resumed = _near(stems, lambda stem: _same_word(stem, heard), rest, start=after)
+        resumed = _near(words, lambda word: _same_word(_stem(word), heard), rest, start=after)
         if resumed is not None:
             rest = resumed
-    # The decode's punctuation after the word the last stable word stands for ("you." for
-    # "you") is kept: the final still starts with exactly the stable text, and ends its
-    # sentence.
-    marks = trailing_marks(stable[-1], words[rest - 1]) if 0 < rest <= len(words) else ""
-    return join_units([*stable[:-1], with_marks(stable[-1], marks), *words[rest:]])
+    # What the decode writes after the word the last stable word stands for is kept: its
+    # punctuation ("you." for "you"), so the final ends its sentence, or the rest of a word it
+    # joined to it ("time-wise," for "time"), which one for one would write as a word of its own
+    # ("time time-wise,"). The final still starts with exactly the stable text.
+    grown = continuation(stable[-1], words[rest - 1]) if 0 < rest <= len(words) else ""
+    return join_units([*stable[:-1], with_marks(stable[-1], grown), *words[rest:]])
+
+
+def _stands_for(stable_word: str, decoded: str) -> bool:
+    """Whether a decode's word is the stable word, matched loosely: up to case, punctuation and
+    a plural s (a final that extends it, "fellows"), or continued by a hyphen ("time-wise")."""
+    return _stem(decoded) == _stem(stable_word) or bool(continuation(stable_word, decoded))
 
 
 def _near(
-    stems: Sequence[str], matches: Callable[[str], bool], place: int, start: int = 0
+    words: Sequence[str], matches: Callable[[str], bool], place: int, start: int = 0
 ) -> int | None:
-    """The index of the stem that `matches` closest to `place` (at most `_ANCHOR_SHIFT_WORDS`
+    """The index of the word that `matches` closest to `place` (at most `_ANCHOR_SHIFT_WORDS`
     away, not before `start`), or None."""
     low = max(start, place - _ANCHOR_SHIFT_WORDS)
-    high = min(len(stems), place + _ANCHOR_SHIFT_WORDS + 1)
-    found = [b for b in range(low, high) if matches(stems[b])]
+    high = min(len(words), place + _ANCHOR_SHIFT_WORDS + 1)
+    found = [b for b in range(low, high) if matches(words[b])]
     return min(found, key=lambda b: abs(b - place)) if found else None
 
 

@@ -37,6 +37,8 @@ _UNSPACED_RANGES = (
     (0xFF00, 0xFFEF),  # full-width forms (Japanese and Chinese punctuation)
     (0x20000, 0x3FFFF),  # CJK extensions B…
 )
+# What joins the parts of a compound word ("time-wise"): hyphen-minus, hyphen, non-breaking hyphen.
+_HYPHENS = frozenset("-\u2010\u2011")
 
 
 def _in(char: str, ranges: tuple[tuple[int, int], ...]) -> bool:
@@ -118,7 +120,7 @@ def _unit(text: str, glued: bool) -> str:
 
 
 def with_marks(unit: str, marks: str) -> str:
-    """`unit` with the punctuation `marks` written right after it ("you" + "."), spaced as
+    """`unit` with `marks` written right after it ("you" + ".", "time" + "-wise,"), spaced as
     `unit` was."""
     return _unit(unit + marks, getattr(unit, "glued", False))
 
@@ -128,6 +130,16 @@ def trailing_marks(unit: str, said: str) -> str:
     after "you": "."), else ""."""
     marks = said[len(unit) :]
     return marks if said.startswith(unit) and marks and only_punctuation(marks) else ""
+
+
+def continuation(unit: str, said: str) -> str:
+    """What `said` writes after `unit` when it is `unit` (up to case) continued: punctuation
+    added ("you." after "you": "."), or more joined by a hyphen ("time-wise," after "time":
+    "-wise,"); else ""."""
+    rest = said[len(unit) :]
+    if not rest or said[: len(unit)].lower() != unit.lower():
+        return ""
+    return rest if only_punctuation(rest) or rest[0] in _HYPHENS else ""
 
 
 def plain_unit(unit: str) -> str:
