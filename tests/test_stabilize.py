@@ -202,6 +202,21 @@ def test_the_last_stable_word_takes_the_punctuation_decoded_after_it() -> None:
     assert join_units(split.stable).startswith("And so")
 
 
+def test_the_last_stable_word_takes_the_rest_of_a_word_joined_to_it_by_a_hyphen() -> None:
+    """A partial that continues the last stable word with a hyphen ("time" + "-wise,"), with
+    words after it, grows it: the partial shows the whole word, and later words can agree."""
+    la = LocalAgreement()
+    la.update("Yes, time is")
+    la.update("Yes, time is up")
+    assert la.committed == ("Yes,", "time")
+    la.update("Yes, time-wise")  # the audio's edge: the rest of the word may be a guess
+    assert la.committed == ("Yes,", "time")
+    split = la.update("Yes, time-wise, it should")
+    assert split == Split(stable=("Yes,", "time-wise,"), unstable=("it", "should"))
+    split = la.update("Yes, time-wise, it should be")
+    assert split.stable == ("Yes,", "time-wise,", "it")
+
+
 @pytest.mark.parametrize(
     ("stable", "decoded", "final"),
     [
@@ -217,6 +232,10 @@ def test_the_last_stable_word_takes_the_punctuation_decoded_after_it() -> None:
         # one for one wrote "time time-wise," (the English corpus's dialogue).
         ("Yes, time", "Yes, a time-wise, it should be", "Yes, time-wise, it should be"),
         ("the well", "The well-known cat.", "the well-known cat."),
+        # A partial went on past the stable "time" with "-wise,", kept as a unit of its own
+        # (the stable text is shown as it was): the decode's "time-wise," stands for both.
+        ("Yes, time -wise,", "Yes, a time-wise, it should", "Yes, time -wise, it should"),
+        ("Yes, time -wise", "Yes, a time-wise, it", "Yes, time -wise, it"),
         ("one two three", "one two", "one two three"),
         ("a b", "", "a b"),
         ("", "Thank you.", "Thank you."),
@@ -267,7 +286,7 @@ def test_keep_stable_goes_on_where_the_partial_went_on_after_a_rewritten_end(
 
 @settings(max_examples=200)
 @given(
-    st.lists(st.sampled_from(["a", "b", "c", "the"]), max_size=6),
+    st.lists(st.sampled_from(["a", "b", "c", "the", "-d"]), max_size=6),
     st.lists(st.sampled_from(["a", "b", "c", "the", "d.", "C.", "c-d"]), max_size=8),
     st.lists(st.sampled_from(["a", "b", "d", "the"]), max_size=3),
 )

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from captiond.text import continuation, join_units, trailing_marks, units, with_marks
+from captiond.text import continuation, join_units, units, with_marks
 
 # How far (in words) a final decode may shift a stable word and still be matched with it.
 _ANCHOR_SHIFT_WORDS = 3
@@ -66,12 +66,14 @@ class LocalAgreement:
         """Take the newest hypothesis of the whole utterance and how many of its leading words
         the decoder was sure of (None: all); return its stable/unstable split."""
         words = units(hypothesis)
-        # Punctuation the decode writes right after the last stable word, with words after it
-        # (the decoder heard on: not a guess at the audio's edge), joins that word: stable
-        # text only grows, and "so" + "," keeps the comma that the final would lose.
+        # Punctuation the decode writes right after the last stable word, or more of a word it
+        # joins to it with a hyphen, with words after it (the decoder heard on: not a guess at
+        # the audio's edge), joins that word: stable text only grows, "so" + "," keeps the
+        # comma that the final would lose, and "time" + "-wise," is neither dropped from the
+        # partial nor a word that no later hypothesis agrees with.
         n = len(self._committed)
-        if 0 < n < len(words) and (marks := trailing_marks(self._committed[-1], words[n - 1])):
-            self._committed[-1] = with_marks(self._committed[-1], marks)
+        if 0 < n < len(words) and (grown := continuation(self._committed[-1], words[n - 1])):
+            self._committed[-1] = with_marks(self._committed[-1], grown)
         # Agreement of the two newest hypotheses beyond what is already committed.
         limit = min(len(self._previous) - self._hold_back, len(words))
         if sure is not None:
@@ -111,11 +113,12 @@ def keep_stable(stable: Sequence[str], decoded: str, following: Sequence[str] = 
     # after it stand for as many decode words (one for one). Searched near each stable word,
     # not by a longest common block: in Chinese every character is a unit, and a block's
     # "三" far along the decode ("…第三甲") hid the "年" two units from its place.
-    anchored, after = -1, 0
+    first, anchored, after = -1, -1, 0
     for a in range(len(stable) - 1, -1, -1):
         near = _near(words, partial(_stands_for, stable[a]), a)
         if near is not None:
-            anchored, after = a, near + 1
+            first, after = a, near + 1
+            anchored = a + _spelled(stable, a, words[near]) - 1
             break
     rest = after + len(stable) - 1 - anchored
     if anchored < len(stable) - 1 and following:
@@ -131,7 +134,8 @@ def keep_stable(stable: Sequence[str], decoded: str, following: Sequence[str] = 
     # punctuation ("you." for "you"), so the final ends its sentence, or the rest of a word it
     # joined to it ("time-wise," for "time"), which one for one would write as a word of its own
     # ("time time-wise,"). The final still starts with exactly the stable text.
-    grown = continuation(stable[-1], words[rest - 1]) if 0 < rest <= len(words) else ""
+    shown = "".join(stable[first:]) if anchored == len(stable) - 1 else stable[-1]
+    grown = continuation(shown, words[rest - 1]) if 0 < rest <= len(words) else ""
     return join_units([*stable[:-1], with_marks(stable[-1], grown), *words[rest:]])
 
 
@@ -139,6 +143,16 @@ def _stands_for(stable_word: str, decoded: str) -> bool:
     """Whether a decode's word is the stable word, matched loosely: up to case, punctuation and
     a plural s (a final that extends it, "fellows"), or continued by a hyphen ("time-wise")."""
     return _stem(decoded) == _stem(stable_word) or bool(continuation(stable_word, decoded))
+
+
+def _spelled(stable: Sequence[str], a: int, decoded: str) -> int:
+    """How many stable units from `a` on the decode's word spells: more than one where a
+    partial went on past a stable word with the rest of it, kept as a unit of its own ("time"
+    "-wise," for "time-wise,")."""
+    n, spelled = 1, stable[a]
+    while a + n < len(stable) and _norm(decoded).startswith(_norm(spelled + stable[a + n])):
+        n, spelled = n + 1, spelled + stable[a + n]
+    return n
 
 
 def _near(

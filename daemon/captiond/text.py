@@ -125,13 +125,6 @@ def with_marks(unit: str, marks: str) -> str:
     return _unit(unit + marks, getattr(unit, "glued", False))
 
 
-def trailing_marks(unit: str, said: str) -> str:
-    """The punctuation `said` has after `unit` when it is `unit` with punctuation added ("you."
-    after "you": "."), else ""."""
-    marks = said[len(unit) :]
-    return marks if said.startswith(unit) and marks and only_punctuation(marks) else ""
-
-
 def continuation(unit: str, said: str) -> str:
     """What `said` writes after `unit` when it is `unit` (up to case) continued: punctuation
     added ("you." after "you": "."), or more joined by a hyphen ("time-wise," after "time":
