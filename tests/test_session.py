@@ -1666,6 +1666,23 @@ def saying(partials: list[str], whole: str) -> Decoder:
     return decode
 
 
+def test_the_rest_of_a_hyphenated_word_joins_the_last_stable_word() -> None:
+    """Stable "Yes, time", and the next decode, forced with it, goes on with "-wise," (no space
+    before it): the partials and the final write "time-wise,", not "time -wise,", and the
+    words after it still become stable."""
+    whole = "Yes, time-wise, it should be after two."
+    partials = ["Yes, time is", "Yes, time is up", "Yes, time-wise, it"]
+    partials.append("Yes, time-wise, it should")
+    driver = Driver(saying(partials, whole), stream=NO_CONTEXT)
+    driver.send(np.concatenate([silence(0.5), tone(3.0), silence(1.0)]))
+    driver.control(Control.END)
+    shown = [p.stable + p.separator + p.unstable for p in driver.of(Partial)]
+    assert shown[2:4] == ["Yes, time-wise, it", "Yes, time-wise, it should"]
+    assert driver.of(Partial)[3].stable == "Yes, time-wise,"
+    assert driver.of(Partial)[-1].stable.startswith("Yes, time-wise, it should")
+    assert driver.of(Final)[0].text == whole
+
+
 def test_a_thai_tone_mark_stays_with_its_character_through_stable_text() -> None:
     """Whisper's tokens split "ค่ะ" into "ค", "่", "ะ": a partial may end at "ค่" and the next
     decode, forced with it, go on with "ะ". Units are whole characters with their marks, so

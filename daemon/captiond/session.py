@@ -62,6 +62,7 @@ from captiond.protocol import (
 )
 from captiond.stabilize import LocalAgreement, keep_stable
 from captiond.text import (
+    continues_with_hyphen,
     has_word,
     join_texts,
     join_units,
@@ -362,15 +363,19 @@ class StreamSession:
         # The forced words stay as they were even if Whisper would have extended the last one
         # (a word split across the commit point): stable words are a promise. Punctuation that
         # Whisper puts right after them ("In September" + ", for the first time") belongs to
-        # the last forced word, not shown (and made stable) as a unit of its own; punctuation
-        # after an earlier final forced as context (", say", "。顔…") is left out.
+        # the last forced word, not shown (and made stable) as a unit of its own, and so does
+        # the rest of a word it joins to it with a hyphen ("time" + "-wise,"; the string only
+        # grows); punctuation after an earlier final forced as context (", say", "。顔…") is
+        # left out.
         new_units = units(new)
         forced = bool(request.engine_request.prefix)
+        forced_words = request.forced_words
         skipped = 0
         while forced and skipped < len(new_units) and only_punctuation(new_units[skipped]):
             skipped += 1
+        if forced_words and not skipped and not result.spaced and new_units:
+            skipped = int(continues_with_hyphen(new_units[0]))
         rest = new_units[skipped:]
-        forced_words = request.forced_words
         if skipped and forced_words:
             # It ends the last stable word ("so" + ","), which LocalAgreement may then extend.
             marks = "".join(new_units[:skipped])

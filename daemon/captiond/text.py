@@ -125,6 +125,11 @@ def with_marks(unit: str, marks: str) -> str:
     return _unit(unit + marks, getattr(unit, "glued", False))
 
 
+def continues_with_hyphen(unit: str) -> bool:
+    """Whether `unit`, written right after a word, is more of it after a hyphen ("-wise,")."""
+    return unit[:1] in _HYPHENS and has_word(unit)
+
+
 def continuation(unit: str, said: str) -> str:
     """What `said` writes after `unit` when it is `unit` (up to case) continued: punctuation
     added ("you." after "you": "."), or more joined by a hyphen ("time-wise," after "time":
@@ -132,7 +137,7 @@ def continuation(unit: str, said: str) -> str:
     rest = said[len(unit) :]
     if not rest or said[: len(unit)].lower() != unit.lower():
         return ""
-    return rest if only_punctuation(rest) or rest[0] in _HYPHENS else ""
+    return rest if only_punctuation(rest) or continues_with_hyphen(rest) else ""
 
 
 def plain_unit(unit: str) -> str:
