@@ -146,9 +146,9 @@ def _stands_for(stable_word: str, decoded: str) -> bool:
 
 
 def _spelled(stable: Sequence[str], a: int, decoded: str) -> int:
-    """How many stable units from `a` on the decode's word spells: more than one where a
-    partial went on past a stable word with the rest of it, kept as a unit of its own ("time"
-    "-wise," for "time-wise,")."""
+    """How many stable units, from `a` on, the decode's word spells: more than one where a
+    partial wrote the rest of a word as a unit of its own, after a space ("time -wise," for
+    "time-wise,"); one for one would make "-wise," stand for the decode's next word."""
     n, spelled = 1, stable[a]
     while a + n < len(stable) and _norm(decoded).startswith(_norm(spelled + stable[a + n])):
         n, spelled = n + 1, spelled + stable[a + n]
