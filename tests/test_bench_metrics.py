@@ -206,6 +206,16 @@ def test_contradicted_stable_words_counts_promises_the_final_broke() -> None:
     ]
     assert contradicted_stable_words(kept) == 0
     assert contradicted_stable_words(broken) == 1 + 2
+    # The last stable word grows as stable text may: by punctuation or a hyphenated rest.
+    grown = [
+        {"type": "partial", "segment": 0, "stable": "yes, time", "unstable": ""},
+        {"type": "final", "segment": 0, "text": "yes, time-wise, it"},
+        {"type": "partial", "segment": 1, "stable": "ask not what you", "unstable": ""},
+        {"type": "final", "segment": 1, "text": "ask not what you."},
+        {"type": "partial", "segment": 2, "stable": "time is", "unstable": ""},
+        {"type": "final", "segment": 2, "text": "time-wise is"},
+    ]
+    assert contradicted_stable_words(grown) == 2  # only the last word may grow
 
 
 def test_stable_before_final_counts_the_last_promise_of_each_segment() -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from captiond.bench.speech import SpeechRuns
+from captiond.text import continuation
 
 Message = dict[str, Any]
 
@@ -128,7 +129,8 @@ def retracted_stable_words(messages: Sequence[Message]) -> int:
 
 def contradicted_stable_words(messages: Sequence[Message]) -> int:
     """Words of a segment's last `stable` that its final does not start with: stable is a
-    promise that the final keeps them (0 is the only right count)."""
+    promise that the final keeps them (0 is the only right count). The last one may have grown
+    as stable text does, by punctuation or a hyphenated word's rest ("time" → "time-wise,")."""
     stable: dict[int, list[str]] = {}
     contradicted = 0
     for m in messages:
@@ -138,7 +140,10 @@ def contradicted_stable_words(messages: Sequence[Message]) -> int:
             promised = stable.pop(m["segment"], [])
             final = _words(m.get("text", ""))
             kept = 0
-            while kept < min(len(promised), len(final)) and promised[kept] == final[kept]:
+            while kept < min(len(promised), len(final)) and (
+                promised[kept] == final[kept]
+                or (kept == len(promised) - 1 and continuation(promised[kept], final[kept]))
+            ):
                 kept += 1
             contradicted += len(promised) - kept
     # A segment whose final never came broke every promise it made.
