@@ -115,8 +115,8 @@ def test_dialogues_and_reading_against_the_whole_file_decode(
             assert counts["decoded"].wer <= counts["whole-file"].wer + 0.015
             assert counts["streamed"].wer <= counts["whole-file"].wer + 0.02
     print("pooled", {name: round(c.wer, 4) for name, c in totals.items()})
-    # How many partials run depends on the CPU's speed (98 on a slow 2-core VM, where more were
-    # once asked for here); what matters is that stable words were promised, and all kept.
+    # How many partials run depends on the CPU's speed (98 on a slow 2-core VM, where this test
+    # once asked for more than 100); what matters is that stable words were promised, and kept.
     promised = sum(stable_before_final(ex.messages)[0] for ex in streamed.values())
     assert promised > 0, "partials promised stable words"
     assert contradicted == 0

@@ -1671,8 +1671,12 @@ def test_the_rest_of_a_hyphenated_word_joins_the_last_stable_word() -> None:
     before it): the partials and the final write "time-wise,", not "time -wise,", and the
     words after it still become stable."""
     whole = "Yes, time-wise, it should be after two."
-    partials = ["Yes, time is", "Yes, time is up", "Yes, time-wise, it"]
-    partials.append("Yes, time-wise, it should")
+    partials = [
+        "Yes, time is",
+        "Yes, time is up",
+        "Yes, time-wise, it",
+        "Yes, time-wise, it should",
+    ]
     driver = Driver(saying(partials, whole), stream=NO_CONTEXT)
     driver.send(np.concatenate([silence(0.5), tone(3.0), silence(1.0)]))
     driver.control(Control.END)
