@@ -227,7 +227,9 @@ async def stream_until_sigterm(
                     if (
                         not signalled
                         and message["type"] == "partial"
-                        and len(message["stable"].split()) >= 3  # well into the utterance
+                        # Well into the 9.7-s utterance. (Not "3 stable words": whether a
+                        # word is sure enough to be stable differs between CPUs.)
+                        and message["end_ms"] >= 3_000
                         and notify.messages.count("WATCHDOG=1") >= 2
                         and "STATUS=1 streams open, 1 served" in notify.messages
                     ):
