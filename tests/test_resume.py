@@ -17,6 +17,7 @@ from daemon_harness import (
     collect,
     make_config,
     running_daemon,
+    stream_pcm,
     tone_bursts,
     url,
 )
@@ -372,13 +373,9 @@ def test_a_word_said_at_the_drop_is_not_lost(tiny_en: Engine, jfk: np.ndarray) -
             await asyncio.sleep(0.02)
 
     async def undropped() -> list[str]:
-        async with (
-            running_daemon(config, engine=tiny_en, vad_factory=None) as daemon,
-            connect(url(daemon)) as conn,
-        ):
-            await send(conn, pcm.tobytes())
-            await conn.send(json.dumps({"type": "end"}))
-            return [f["text"] for f in (await collect(conn)).of("final")]
+        async with running_daemon(config, engine=tiny_en, vad_factory=None) as daemon:
+            ex = await stream_pcm(url(daemon), pcm, chunk_samples=3200, pause_s=0.02)
+        return [f["text"] for f in ex.of("final")]
 
     async def dropped() -> list[str]:
         async with running_daemon(config, engine=tiny_en, vad_factory=None) as daemon:
