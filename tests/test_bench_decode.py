@@ -62,3 +62,7 @@ def test_bench_decode_with_partials_shows_them_and_counts_empty_finals(
     assert clip["partials"] >= 10
     assert clip["empty_finals"] == overall["empty_finals"] == 0
     assert clip["finals"] >= 2 and clip["wer"] < 0.3, clip
+    # The share of the finals' words shown as stable first: the clip's is the total's.
+    share = clip["stable_before_final_share"]
+    assert share is not None and 0 <= share <= 1
+    assert overall["stable_before_final_share"] == share

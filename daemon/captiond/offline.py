@@ -32,7 +32,14 @@ class Transcript:
     text: str
     segments: tuple[Final, ...]
     audio_ms: int
-    partials: int = 0  # partial messages the session sent (with `partials`)
+    # The partials (with `partials`) and finals in the order the session sent them: what
+    # `bench decode --partials` measures stable words on.
+    messages: tuple[Partial | Final, ...] = ()
+
+    @property
+    def partials(self) -> int:
+        """Partial messages the session sent."""
+        return sum(1 for message in self.messages if isinstance(message, Partial))
 
 
 def transcribe_samples(
@@ -57,11 +64,10 @@ def transcribe_samples(
         count_tokens=token_counter(engine.tokenizer_path),
     )
     finals: list[Final] = []
-    partials_sent = 0
+    sent: list[Partial | Final] = []
     gated = applies(config.engine, engine.name)
 
     def drain() -> None:
-        nonlocal partials_sent
         while (request := session.next_request()) is not None:
             result = gate(request.engine_request) if gated else None
             if result is None:
@@ -70,8 +76,8 @@ def transcribe_samples(
         for message in session.take_messages():
             if isinstance(message, Final):
                 finals.append(message)
-            elif isinstance(message, Partial):
-                partials_sent += 1
+            if isinstance(message, Partial | Final):
+                sent.append(message)
 
     # With partials, audio goes in as the client streams it, so partials fall where a
     # stream's would.
@@ -85,5 +91,5 @@ def transcribe_samples(
         text=join_texts(f.text for f in finals),
         segments=tuple(finals),
         audio_ms=session.audio_ms,
-        partials=partials_sent,
+        messages=tuple(sent),
     )

@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from captiond.bench import common
+from captiond.bench.metrics import share, stable_before_final
 from captiond.bench.report import Progress, write_json
 from captiond.bench.wer import NO_ERRORS, WerCounts, language_errors, normalize
 from captiond.config import override
@@ -46,6 +47,7 @@ def _bench_decode(args: argparse.Namespace) -> int:
     clips: dict[str, Any] = {}
     speech = exact = long = NO_ERRORS
     finals, empty_finals, audio_s = 0, 0, 0.0
+    promised_words = final_words = 0
     per_language: dict[str, WerCounts] = {}
     progress = Progress("decode", len(env.clips))
     started = time.monotonic()
@@ -64,6 +66,11 @@ def _bench_decode(args: argparse.Namespace) -> int:
             "empty_finals": empty,
             "partials": transcript.partials,
         }
+        if args.partials:
+            promised, words = stable_before_final([m.to_dict() for m in transcript.messages])
+            promised_words += promised
+            final_words += words
+            figures["stable_before_final_share"] = share((promised, words))
         if clip.kind == "nonspeech":
             figures["words"] = len(normalize(transcript.text))
         else:
@@ -91,6 +98,10 @@ def _bench_decode(args: argparse.Namespace) -> int:
         "nonspeech_words": sum(clips[c.id]["words"] for c in env.clips if c.kind == "nonspeech"),
         "finals": finals,
         "empty_finals": empty_finals,
+        # With --partials: the share of the finals' words shown as stable before their final.
+        "stable_before_final_share": (
+            share((promised_words, final_words)) if args.partials else None
+        ),
         "engine_ms_per_final": per_final_ms,
         "per_language": {
             language: {"errors": c.errors, "reference_units": c.reference_words}
@@ -107,8 +118,10 @@ def _bench_decode(args: argparse.Namespace) -> int:
     path = args.out / f"decode-{data['machine']['host']}.json"
     write_json(path, data)
     per_final = ", ".join(f"{k} {v} ms" for k, v in per_final_ms.items())
+    share_text = f"; {overall['stable_before_final_share']} of their words stable before them"
+    stable = share_text if args.partials else ""
     print(
-        f"{len(env.clips)} clips, {finals} finals ({empty_finals} empty): {speech.errors} "
+        f"{len(env.clips)} clips, {finals} finals ({empty_finals} empty{stable}): {speech.errors} "
         f"errors in {speech.reference_words} words ({100 * speech.wer:.2f} %); exact references "
         f"{overall['wer_exact_refs']}, long clips {overall['wer_long_pooled']}; non-speech words "
         f"{overall['nonspeech_words']}; per final: {per_final}; wrote {path}"

@@ -166,6 +166,12 @@ def stable_before_final(messages: Sequence[Message]) -> tuple[int, int]:
     return promised, final_words
 
 
+def share(counts: tuple[int, int]) -> float | None:
+    """part / whole of a (part, whole) pair such as `stable_before_final`'s, to 3 places."""
+    part, whole = counts
+    return round(part / whole, 3) if whole else None
+
+
 def unstable_churn(messages: Sequence[Message]) -> int:
     """Unstable words of a partial that the segment's next partial no longer has in place."""
     last: dict[int, tuple[int, list[str]]] = {}

@@ -34,6 +34,7 @@ from captiond.bench.metrics import (
     last_final_before_done,
     partial_lags_ms,
     retracted_stable_words,
+    share,
     stable_before_final,
     summary,
     unstable_churn,
@@ -78,7 +79,7 @@ def clip_figures(
         "first_text_s": _round(first_text_s(trace, speech)),
         "retracted_stable_words": retracted_stable_words(trace.messages),
         "contradicted_stable_words": contradicted_stable_words(trace.messages),
-        "stable_before_final_share": _share(stable_before_final(trace.messages)),
+        "stable_before_final_share": share(stable_before_final(trace.messages)),
         "unstable_churn_words": unstable_churn(trace.messages),
         "last_final_before_done": last_final_before_done(trace.messages),
         "end_wait_s": _round(trace.ended_s - trace.sent_s[-1] if trace.ended_s else None),
@@ -96,11 +97,6 @@ def clip_figures(
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
-
-
-def _share(counts: tuple[int, int]) -> float | None:
-    part, whole = counts
-    return round(part / whole, 3) if whole else None
 
 
 def pooled_wer(clips: list[common.Clip], texts: dict[str, str]) -> dict[str, float | None]:
@@ -142,7 +138,7 @@ def _overall(
         "contradicted_stable_words": sum(
             contradicted_stable_words(runs[c.id].messages) for c in clips
         ),
-        "stable_before_final_share": _share(
+        "stable_before_final_share": share(
             (sum(p for p, _ in promised), sum(w for _, w in promised))
         ),
         "unstable_churn_words": sum(unstable_churn(runs[c.id].messages) for c in clips),
