@@ -1,11 +1,14 @@
 """Decode context (context.py), the prompt budget (engines.fit_prompt), prompt tokens
-(engines.text_tokens) and unit probabilities (engines.unit_probabilities), without a model."""
+(engines.text_tokens) and unit probabilities (engines.unit_probabilities, with a token's other
+cases: engines.case_variants, added up by both engines), without a model."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from functools import partial
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -14,11 +17,13 @@ from captiond.engines import (
     PROMPT_BUDGET_TOKENS,
     STREAM_PROMPT_MAX_TOKENS,
     TEXT_TOKENS_CACHED,
+    case_variants,
     fit_prompt,
     text_tokens,
     token_counter,
     unit_probabilities,
 )
+from captiond.engines.faster_whisper import token_probabilities
 from captiond.text import join_texts, units
 
 RATE = 16_000
@@ -286,6 +291,61 @@ def test_unit_probabilities() -> None:
     assert unit_probabilities(decode, [1, 2, 3, 4, 5], [0.9, 0.5, 0.1, 0.8, 0.2]) == (0.5, 0.8)
     assert unit_probabilities(decode, [6, 7], [0.4, 0.9]) == (0.4, 0.4, 0.9)
     assert unit_probabilities(decode, [], []) == ()
+
+
+# A vocabulary with the same text in several cases, and two tokens that are bytes of a
+# character (each decodes alone to U+FFFD, but they are not the same text).
+_CASED = [" printing", " Printing", "ing", " PRINTING", "\ufffd", "\ufffd", " Ελλάδα", " ελλάδα"]
+
+
+def test_a_tokens_case_variants_are_the_tokens_of_its_text_in_other_cases() -> None:
+    assert case_variants(_CASED) == (
+        (0, 1, 3),
+        (1, 0, 3),
+        (2,),
+        (3, 0, 1),
+        (4,),
+        (5,),
+        (6, 7),
+        (7, 6),
+    )
+
+
+def _logits_of(probs: Sequence[float]) -> list[float]:
+    """Logits whose softmax is `probs` (which sum to 1)."""
+    return [math.log(p) for p in probs]
+
+
+def test_faster_whisper_counts_a_tokens_other_cases_in_its_probability() -> None:
+    """Whisper unsure whether a word starts a sentence: " printing" 0.5, " Printing" 0.3."""
+    probs = [0.5, 0.3, 0.05, 0.05, 0.04, 0.02, 0.02, 0.02]
+    steps = [_logits_of(probs)] * 3
+    got = token_probabilities(steps, [0, 2, 4], case_variants(_CASED))
+    assert got == pytest.approx([0.85, 0.05, 0.04])
+    # A special token (past the text tokens) is only itself.
+    special = [_logits_of([*probs[:-1], 0.01, 0.01])]
+    assert token_probabilities(special, [8], case_variants(_CASED)) == pytest.approx([0.01])
+
+
+def test_torch_graph_adds_up_the_same_cases_on_the_device() -> None:
+    """The decoder's choice keeps the token's own log-probability (avg_logprob, as
+    faster-whisper's) and gives its text's up to case, as faster-whisper's engine does."""
+    torch = pytest.importorskip("torch")
+    from captiond.engines.torch_graph.decode import CaseVariants, _select
+
+    probs = [0.5, 0.3, 0.05, 0.05, 0.04, 0.02, 0.02, 0.01, 0.01]
+    logits = torch.tensor([_logits_of(probs)])
+    variants = CaseVariants.build(case_variants(_CASED), len(probs), torch.device("cpu"))
+    token, logprob, text_logprob = _select(logits, torch.zeros(len(probs)), variants)
+    assert token.tolist() == [0]
+    assert logprob.exp().tolist() == pytest.approx([0.5])
+    assert text_logprob.exp().tolist() == pytest.approx([0.85])
+    # Masked (suppressed) variants do not count; the chosen token's own mass always does.
+    mask = torch.zeros(len(probs))
+    mask[1] = float("-inf")
+    _, logprob, text_logprob = _select(logits, mask, variants)
+    assert logprob.exp().tolist() == pytest.approx([0.5 / 0.7])
+    assert text_logprob.exp().tolist() == pytest.approx([0.55 / 0.7])
 
 
 _PIECES = [" Hel", "lo", ",", " world", ".", "日本", "語", "。", " ", " 。", " 1", "2", "\ufffd"]

@@ -16,10 +16,12 @@ import pytest
 from conftest import read_wav_int16
 from daemon_harness import check_invariants, make_config, running_daemon, stream_pcm, url
 
+from captiond.bench.metrics import stable_before_final
 from captiond.bench.wer import WerCounts, word_errors
 from captiond.config import Config
 from captiond.engines import Engine, load_engine
 from captiond.offline import transcribe_samples
+from captiond.protocol import Partial
 
 pytestmark = pytest.mark.model
 ENGINES = {
@@ -116,3 +118,24 @@ def test_concurrent_sessions_give_the_same_finals(
     alone, together = asyncio.run(scenario())
     assert all(alone)
     assert together == alone
+
+
+def test_a_first_sentence_gets_stable_words_though_whisper_doubts_its_case(
+    speech_dir: Path, speech_manifest: list[dict[str, Any]], engine_config: Config, engine: Engine
+) -> None:
+    """LJ001-0001 opens with "Printing". With no sentence before it Whisper split the word
+    between " printing" and " Printing" (0.51-0.63 and 0.23-0.36 on one CPU), and a word's
+    probability counted only the chosen case: the first word, and so every word after it,
+    stayed under `stable_min_probability`, and no word of the sentence was stable before its
+    final. Words agree up to case (stabilize.py), and a word's probability now counts its
+    other cases (engines.case_variants). Partials are decoded as a stream's are, each
+    answered at once (`transcribe_samples` with partials), so the CPU's speed does not
+    decide which partials there are."""
+    clip = next(m for m in speech_manifest if m["id"] == "ljspeech_LJ001-0001")
+    samples = read_wav_int16(speech_dir / clip["file"]).astype(np.float32) / 32768
+    transcript = transcribe_samples(samples, engine, engine_config, partials=True)
+    promised, words = stable_before_final([m.to_dict() for m in transcript.messages])
+    stable = [m.stable for m in transcript.messages if isinstance(m, Partial) and m.stable]
+    first_stable = stable[0] if stable else ""
+    assert first_stable.lower().startswith("printing"), first_stable
+    assert promised >= 3, (promised, words, transcript.text)

@@ -216,7 +216,7 @@ def test_greedy_tokens_identical_to_faster_whisper(
             continue
         # The words' probabilities (stable words need them): CTranslate2's distributions.
         steps = theirs.logits[0][n_prefix : len(sequence)]
-        probs = token_probabilities(steps, tokens)
+        probs = token_probabilities(steps, tokens, engine.tokens.case_variants)
         expected = unit_probabilities(engine.tokens.decode, tokens, probs)
         assert len(partial.unit_probs) == len(expected) == len(units(partial.text))
         gaps = [abs(a - b) for a, b in zip(partial.unit_probs, expected, strict=True)]

@@ -28,6 +28,7 @@ from captiond.engines import (
     EngineResult,
     PhaseTimes,
     begins_with_space,
+    case_variants,
     choose_language,
     fit_prompt,
     new_token_budget,
@@ -80,7 +81,12 @@ class FasterWhisperEngine:
         self._partial_min_frames = round(config.partial_window_min_s * 100)
         self._tokenizers: dict[tuple[str, str] | None, Any] = {}
         # faster-whisper's Tokenizer.encode, which no language or task changes.
-        self._text_tokens = text_tokens(self._tokenizer("en", "transcribe").encode)
+        english = self._tokenizer("en", "transcribe")
+        self._text_tokens = text_tokens(english.encode)
+        # Each text token's text, decoded once (50k tokens: 0.1 s): a partial's word
+        # probabilities count a token's other cases.
+        texts = self._model.hf_tokenizer.decode_batch([[t] for t in range(english.eot)])
+        self._case_variants = case_variants(texts)
         self._phases = PhaseTimes()
 
     @property
@@ -236,9 +242,8 @@ class FasterWhisperEngine:
                     )
         return [results[i] for i in range(len(requests))]
 
-    @staticmethod
     def _result(
-        tokenizer: Any, out: Any, n_prefix: int, partial: bool, budget: int
+        self, tokenizer: Any, out: Any, n_prefix: int, partial: bool, budget: int
     ) -> EngineResult:
         """`budget`: the tokens the decode could write (`new_token_budget`); CTranslate2 leaves
         <|endoftext|> out of the sequence, so one that used them all never wrote it."""
@@ -254,7 +259,7 @@ class FasterWhisperEngine:
         # logits[0][k] is the distribution sequence[k] was chosen from (greedy decodes only).
         steps = out.logits[0][n_prefix : len(sequence)] if out.logits else []
         if partial and len(steps) == len(tokens):
-            probs = token_probabilities(steps, tokens)
+            probs = token_probabilities(steps, tokens, self._case_variants)
             unit_probs = unit_probabilities(tokenizer.decode, tokens, probs)
         return EngineResult(
             text=text,
@@ -285,13 +290,17 @@ def _limits(
     return cap, max_length
 
 
-def token_probabilities(steps: Sequence[Any], tokens: Sequence[int]) -> list[float]:
-    """softmax(step)[token] for each of CTranslate2's per-step logits vectors (in float64)."""
+def token_probabilities(
+    steps: Sequence[Any], tokens: Sequence[int], variants: Sequence[Sequence[int]]
+) -> list[float]:
+    """softmax(step) summed over the token's `case_variants` (a token past them: its own), for
+    each of CTranslate2's per-step logits vectors (in float64)."""
     probs = []
     for step, token in zip(steps, tokens, strict=True):
         logits = np.asarray(step, dtype=np.float64)
         shifted = np.exp(logits - logits.max())
-        probs.append(float(shifted[token] / shifted.sum()))
+        same = list(variants[token]) if token < len(variants) else [token]
+        probs.append(float(shifted[same].sum() / shifted.sum()))
     return probs
 
 

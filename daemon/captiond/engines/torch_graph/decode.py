@@ -1,7 +1,8 @@
 """Greedy decoding with CTranslate2's rules: eager prefill, a capturable single-token step.
 
 Owns the static decode state (next token, position, finished flag, token count, cumulative
-log-probability and generated tokens per row, all on the device) and the suppression masks. The
+log-probability and generated tokens per row, all on the device), the suppression masks and the
+table of each token's other cases (`CaseVariants`: a word's probability counts them). The
 step writes only into these buffers and the KV cache, never reads anything back to the host, so
 CUDA graphs can capture it. Runs on the engine thread only.
 
@@ -33,7 +34,7 @@ from captiond.engines.torch_graph.tokens import PromptPlan, WhisperTokens
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DecodedRow:
     tokens: tuple[int, ...]  # without the final <|endoftext|>
-    token_logprobs: tuple[float, ...]  # of each of `tokens`, as chosen
+    token_logprobs: tuple[float, ...]  # of each of `tokens`' text up to case (`_select`)
     avg_logprob: float
     no_speech_prob: float
     truncated: bool  # stopped at its token budget, before <|endoftext|>
@@ -50,7 +51,7 @@ class StepState:
     max_new: torch.Tensor  # [B] int64
     cum_logprob: torch.Tensor  # [B] float32
     out_tokens: torch.Tensor  # [B, n_text_ctx] int64
-    out_logprobs: torch.Tensor  # [B, n_text_ctx] float32, of each out_tokens
+    out_logprobs: torch.Tensor  # [B, n_text_ctx] float32, of each out_tokens' text up to case
 
 
 _ROW_FIELDS = 3  # per prefill row after its prompt: last prompt index, sot index, token budget
@@ -62,11 +63,37 @@ def _mask(n_vocab: int, token_ids: Sequence[int], device: torch.device) -> torch
     return mask.to(device)
 
 
-def _select(logits: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy choice and its log-probability under the masked distribution."""
+@dataclass(frozen=True, slots=True)
+class CaseVariants:
+    """`WhisperTokens.case_variants` as a [n_vocab, widest] table on the device: each token's
+    variants, padded with itself where `bias` is -inf (every token past the text tokens has
+    only itself)."""
+
+    ids: torch.Tensor  # [n_vocab, widest] int64
+    bias: torch.Tensor  # [n_vocab, widest] float32: 0, or -inf for padding
+
+    @classmethod
+    def build(
+        cls, variants: Sequence[Sequence[int]], n_vocab: int, device: torch.device
+    ) -> CaseVariants:
+        rows = [list(v) for v in variants[:n_vocab]]
+        rows += [[token] for token in range(len(rows), n_vocab)]
+        widest = max(len(row) for row in rows)
+        ids = torch.tensor([row + row[:1] * (widest - len(row)) for row in rows])
+        pad = [float("-inf")]
+        bias = torch.tensor([[0.0] * len(row) + pad * (widest - len(row)) for row in rows])
+        return cls(ids=ids.to(device), bias=bias.to(device))
+
+
+def _select(
+    logits: torch.Tensor, mask: torch.Tensor, variants: CaseVariants
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Greedy choice, its log-probability under the masked distribution, and that of its text
+    up to case (its `case_variants` together: what a word's probability is made of)."""
     logprobs = torch.log_softmax(logits + mask, dim=-1)
     token = logprobs.argmax(dim=-1)
-    return token, logprobs.gather(-1, token[:, None])[:, 0]
+    same_text = logprobs.gather(-1, variants.ids[token]) + variants.bias[token]
+    return token, logprobs.gather(-1, token[:, None])[:, 0], torch.logsumexp(same_text, dim=-1)
 
 
 class GreedyDecoder:
@@ -84,6 +111,7 @@ class GreedyDecoder:
             n_vocab, tokens.suppress_ids + tokens.suppress_ids_begin, device
         )
         self.language_ids = torch.tensor(tokens.language_ids, dtype=torch.int64).to(device)
+        self.case_variants = CaseVariants.build(tokens.case_variants, n_vocab, device)
         rows = cache.max_batch
 
         def zeros(*shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
@@ -152,7 +180,9 @@ class GreedyDecoder:
         hidden = self.model.decoder.prefill(prompt, self.cache)
         rows = torch.arange(n, device=self.device)
         logits = self.model.decoder.logits(torch.cat([hidden[rows, last], hidden[rows, sot]]))
-        first, first_logprob = _select(logits[:n], self.suppress_first)
+        first, first_logprob, first_text_logprob = _select(
+            logits[:n], self.suppress_first, self.case_variants
+        )
         no_speech = torch.softmax(logits[n:], dim=-1)[:, self.tokens.special.no_speech]
 
         state = self.state
@@ -170,7 +200,7 @@ class GreedyDecoder:
         state.cum_logprob[:bucket].zero_()
         state.cum_logprob[:n].copy_(first_logprob)
         state.out_tokens[:n, 0].copy_(first)
-        state.out_logprobs[:n, 0].copy_(first_logprob)
+        state.out_logprobs[:n, 0].copy_(first_text_logprob)
         return no_speech
 
     def step(self, bucket: int) -> None:
@@ -179,13 +209,13 @@ class GreedyDecoder:
         tokens, positions, finished = s.tokens[:bucket], s.positions[:bucket], s.finished[:bucket]
         counts = s.counts[:bucket]
         logits = self.model.decoder.step(tokens, positions, self.cache)
-        chosen, logprob = _select(logits, self.suppress)
+        chosen, logprob, text_logprob = _select(logits, self.suppress, self.case_variants)
         active = ~finished
         chosen = torch.where(active, chosen, self.eot)
         s.cum_logprob[:bucket].add_(torch.where(active, logprob, 0.0))
         # Finished rows write <|endoftext|> past their end; the host reads only `counts` tokens.
         s.out_tokens[:bucket].scatter_(1, counts[:, None], chosen[:, None])
-        s.out_logprobs[:bucket].scatter_(1, counts[:, None], logprob.float()[:, None])
+        s.out_logprobs[:bucket].scatter_(1, counts[:, None], text_logprob.float()[:, None])
         counts.add_(active.long())
         finished.logical_or_(chosen == self.eot).logical_or_(counts >= s.max_new[:bucket])
         # Clamp: a row that just finished must not index past the cache on later replays.

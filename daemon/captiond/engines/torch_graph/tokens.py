@@ -18,7 +18,7 @@ from pathlib import Path
 
 import tokenizers
 
-from captiond.engines import fit_prompt, new_token_budget, text_tokens
+from captiond.engines import case_variants, fit_prompt, new_token_budget, text_tokens
 
 _MULTILINGUAL_MIN_VOCAB = 51865  # .en vocabularies have 51864 entries
 TASKS = ("transcribe", "translate")
@@ -130,6 +130,9 @@ class WhisperTokens:
         # the same words: cached (with text.units' ASCII path, 0.53 -> 0.07 ms a 60-token row).
         self.decode_words = functools.lru_cache(maxsize=1 << 16)(self.decode)
         self.text_tokens = text_tokens(self.encode)
+        # A partial's word probabilities count a token's other cases (the decoder adds them up).
+        texts = self.tokenizer.decode_batch([[t] for t in range(special.eot)])
+        self.case_variants = case_variants(texts)
 
     def _optional_id(self, token: str) -> int | None:
         found = self.tokenizer.token_to_id(token)
