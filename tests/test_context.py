@@ -298,16 +298,18 @@ def test_unit_probabilities() -> None:
 _CASED = [" printing", " Printing", "ing", " PRINTING", "\ufffd", "\ufffd", " Ελλάδα", " ελλάδα"]
 
 
-def test_a_tokens_case_variants_are_the_tokens_of_its_text_in_other_cases() -> None:
+def test_a_capitalized_tokens_variants_are_its_text_in_other_cases() -> None:
+    """A lowercase token counts only itself: a stable word is shown as the partial chose it,
+    and its lowercase first word would start the final lowercase."""
     assert case_variants(_CASED) == (
-        (0, 1, 3),
+        (0,),
         (1, 0, 3),
         (2,),
         (3, 0, 1),
         (4,),
         (5,),
         (6, 7),
-        (7, 6),
+        (7,),
     )
 
 
@@ -317,11 +319,11 @@ def _logits_of(probs: Sequence[float]) -> list[float]:
 
 
 def test_faster_whisper_counts_a_tokens_other_cases_in_its_probability() -> None:
-    """Whisper unsure whether a word starts a sentence: " printing" 0.5, " Printing" 0.3."""
-    probs = [0.5, 0.3, 0.05, 0.05, 0.04, 0.02, 0.02, 0.02]
-    steps = [_logits_of(probs)] * 3
-    got = token_probabilities(steps, [0, 2, 4], case_variants(_CASED))
-    assert got == pytest.approx([0.85, 0.05, 0.04])
+    """Whisper unsure whether a word starts a sentence: " Printing" 0.5, " printing" 0.3."""
+    probs = [0.3, 0.5, 0.05, 0.05, 0.04, 0.02, 0.02, 0.02]
+    steps = [_logits_of(probs)] * 4
+    got = token_probabilities(steps, [1, 0, 2, 4], case_variants(_CASED))
+    assert got == pytest.approx([0.85, 0.3, 0.05, 0.04])
     # A special token (past the text tokens) is only itself.
     special = [_logits_of([*probs[:-1], 0.01, 0.01])]
     assert token_probabilities(special, [8], case_variants(_CASED)) == pytest.approx([0.01])
@@ -333,19 +335,23 @@ def test_torch_graph_adds_up_the_same_cases_on_the_device() -> None:
     torch = pytest.importorskip("torch")
     from captiond.engines.torch_graph.decode import CaseVariants, _select
 
-    probs = [0.5, 0.3, 0.05, 0.05, 0.04, 0.02, 0.02, 0.01, 0.01]
+    probs = [0.3, 0.5, 0.05, 0.05, 0.04, 0.02, 0.02, 0.01, 0.01]
     logits = torch.tensor([_logits_of(probs)])
     variants = CaseVariants.build(case_variants(_CASED), len(probs), torch.device("cpu"))
     token, logprob, text_logprob = _select(logits, torch.zeros(len(probs)), variants)
-    assert token.tolist() == [0]
+    assert token.tolist() == [1]
     assert logprob.exp().tolist() == pytest.approx([0.5])
     assert text_logprob.exp().tolist() == pytest.approx([0.85])
     # Masked (suppressed) variants do not count; the chosen token's own mass always does.
     mask = torch.zeros(len(probs))
-    mask[1] = float("-inf")
+    mask[0] = float("-inf")
     _, logprob, text_logprob = _select(logits, mask, variants)
     assert logprob.exp().tolist() == pytest.approx([0.5 / 0.7])
     assert text_logprob.exp().tolist() == pytest.approx([0.55 / 0.7])
+    # A lowercase choice is only itself.
+    mask[1] = float("-inf")
+    token, logprob, text_logprob = _select(logits, mask, variants)
+    assert token.tolist() == [2] and text_logprob.tolist() == pytest.approx(logprob.tolist())
 
 
 _PIECES = [" Hel", "lo", ",", " world", ".", "日本", "語", "。", " ", " 。", " 1", "2", "\ufffd"]

@@ -127,8 +127,8 @@ def test_a_first_sentence_gets_stable_words_though_whisper_doubts_its_case(
     between " printing" and " Printing" (0.51-0.63 and 0.23-0.36 on one CPU), and a word's
     probability counted only the chosen case: the first word, and so every word after it,
     stayed under `stable_min_probability`, and no word of the sentence was stable before its
-    final. Words agree up to case (stabilize.py), and a word's probability now counts its
-    other cases (engines.case_variants). Partials are decoded as a stream's are, each
+    final. Words agree up to case (stabilize.py), and a capitalized word's probability now
+    counts its other cases (engines.case_variants). Partials are decoded as a stream's are, each
     answered at once (`transcribe_samples` with partials), so the CPU's speed does not
     decide which partials there are."""
     clip = next(m for m in speech_manifest if m["id"] == "ljspeech_LJ001-0001")

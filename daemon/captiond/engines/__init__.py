@@ -363,20 +363,24 @@ def window_frames(request: EngineRequest, partial_min_frames: int) -> int:
 
 
 def case_variants(texts: Sequence[str]) -> tuple[tuple[int, ...], ...]:
-    """For each text token (`texts[i]` is token i's text), the tokens whose text is the same up
-    to case, itself first: a token's probability in `unit_probabilities` is theirs together.
-    Words agree up to case (stabilize.py), and where Whisper cannot tell whether an utterance
-    starts a sentence it splits a word between its cases: tiny.en gave " printing" 0.51 to
-    0.63 and " Printing" 0.23 to 0.36, so an utterance's first word was below
-    `stable_min_probability` and no word of it became stable. A token that is only part of a
-    character (its text holds U+FFFD) has only itself. The same rule in every engine."""
+    """For each text token (`texts[i]` is token i's text), itself first, then, if it has a
+    capital letter, the tokens whose text is the same in other cases: a token's probability in
+    `unit_probabilities` is theirs together. Words agree up to case (stabilize.py), and where
+    Whisper cannot tell whether an utterance starts a sentence it splits a word between its
+    cases: tiny.en gave " printing" 0.51 to 0.63 and " Printing" 0.23 to 0.36, so an
+    utterance's first word was below `stable_min_probability` and no word of it became stable.
+    A lowercase token counts only itself: a stable word is shown, and kept in the final, as the
+    partial wrote it, and counting its capitals too made more finals start lowercase where
+    their decode had a capital (19 to 28 of 100 single-utterance finals; README, Accuracy). A
+    token that is only part of a character (its text holds U+FFFD) has only itself. The same
+    rule in every engine."""
     same: dict[str, list[int]] = {}
     for token, text in enumerate(texts):
         if "\ufffd" not in text:
             same.setdefault(text.lower(), []).append(token)
     variants = []
     for token, text in enumerate(texts):
-        others = [] if "\ufffd" in text else same[text.lower()]
+        others = [] if "\ufffd" in text or text.lower() == text else same[text.lower()]
         variants.append((token, *(t for t in others if t != token)))
     return tuple(variants)
 
@@ -387,8 +391,8 @@ def unit_probabilities(
     """p of each text unit of `decode(tokens).strip()`: the least likely of the tokens it is
     made of (a token that only ends a word, or a byte of a character, counts for it), where
     punctuation does not count: words agree up to their punctuation (stabilize.py), and Whisper
-    is often unsure between a comma and a full stop. A token's probability counts its other
-    cases (`case_variants`). The same rule in every engine.
+    is often unsure between a comma and a full stop. A capitalized token's probability counts
+    its other cases (`case_variants`). The same rule in every engine.
 
     Runs on the engine thread for every partial, so it decodes each word's tokens, not every
     prefix of the text: a token that starts with a space and a letter or digit starts a unit,
