@@ -84,7 +84,7 @@ class FasterWhisperEngine:
         english = self._tokenizer("en", "transcribe")
         self._text_tokens = text_tokens(english.encode)
         # Each text token's text, decoded once (50k tokens: 0.1 s): a partial's word
-        # probabilities count a token's other cases.
+        # probabilities count a capitalized token's other cases.
         texts = self._model.hf_tokenizer.decode_batch([[t] for t in range(english.eot)])
         self._case_variants = case_variants(texts)
         self._phases = PhaseTimes()

@@ -2,9 +2,9 @@
 
 Owns the static decode state (next token, position, finished flag, token count, cumulative
 log-probability and generated tokens per row, all on the device), the suppression masks and the
-table of each token's other cases (`CaseVariants`: a word's probability counts them). The
-step writes only into these buffers and the KV cache, never reads anything back to the host, so
-CUDA graphs can capture it. Runs on the engine thread only.
+table of each token's other cases (`CaseVariants`: a capitalized word's probability counts
+them). The step writes only into these buffers and the KV cache, never reads anything back to
+the host, so CUDA graphs can capture it. Runs on the engine thread only.
 
 Rules copied from CTranslate2's WhisperReplica::generate + GreedySearch (what faster-whisper
 calls): the prompt minus its last token is the prefill; <|nospeech|> probability is the softmax
@@ -34,7 +34,7 @@ from captiond.engines.torch_graph.tokens import PromptPlan, WhisperTokens
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DecodedRow:
     tokens: tuple[int, ...]  # without the final <|endoftext|>
-    token_logprobs: tuple[float, ...]  # of each of `tokens`' text up to case (`_select`)
+    token_logprobs: tuple[float, ...]  # of each of `tokens` with its case variants (`_select`)
     avg_logprob: float
     no_speech_prob: float
     truncated: bool  # stopped at its token budget, before <|endoftext|>
@@ -51,7 +51,7 @@ class StepState:
     max_new: torch.Tensor  # [B] int64
     cum_logprob: torch.Tensor  # [B] float32
     out_tokens: torch.Tensor  # [B, n_text_ctx] int64
-    out_logprobs: torch.Tensor  # [B, n_text_ctx] float32, of each out_tokens' text up to case
+    out_logprobs: torch.Tensor  # [B, n_text_ctx] float32, of each out_tokens with its variants
 
 
 _ROW_FIELDS = 3  # per prefill row after its prompt: last prompt index, sot index, token budget
@@ -88,8 +88,8 @@ class CaseVariants:
 def _select(
     logits: torch.Tensor, mask: torch.Tensor, variants: CaseVariants
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Greedy choice, its log-probability under the masked distribution, and that of its text
-    up to case (its `case_variants` together: what a word's probability is made of)."""
+    """Greedy choice, its log-probability under the masked distribution (avg_logprob's), and
+    that of it with its `case_variants` together (what a word's probability is made of)."""
     logprobs = torch.log_softmax(logits + mask, dim=-1)
     token = logprobs.argmax(dim=-1)
     same_text = logprobs.gather(-1, variants.ids[token]) + variants.bias[token]

@@ -130,7 +130,8 @@ class WhisperTokens:
         # the same words: cached (with text.units' ASCII path, 0.53 -> 0.07 ms a 60-token row).
         self.decode_words = functools.lru_cache(maxsize=1 << 16)(self.decode)
         self.text_tokens = text_tokens(self.encode)
-        # A partial's word probabilities count a token's other cases (the decoder adds them up).
+        # A partial's word probabilities count a capitalized token's other cases (the decoder
+        # adds them up).
         texts = self.tokenizer.decode_batch([[t] for t in range(special.eot)])
         self.case_variants = case_variants(texts)
 
