@@ -120,22 +120,29 @@ def test_concurrent_sessions_give_the_same_finals(
     assert together == alone
 
 
+@pytest.mark.parametrize("name", sorted(ENGINES))
 def test_a_first_sentence_gets_stable_words_though_whisper_doubts_its_case(
-    speech_dir: Path, speech_manifest: list[dict[str, Any]], engine_config: Config, engine: Engine
+    name: str, speech_dir: Path, speech_manifest: list[dict[str, Any]]
 ) -> None:
-    """LJ001-0001 opens with "Printing". With no sentence before it Whisper split the word
-    between " printing" and " Printing" (0.51-0.63 and 0.23-0.36 on one CPU), and a word's
-    probability counted only the chosen case: the first word, and so every word after it,
-    stayed under `stable_min_probability`, and no word of the sentence was stable before its
-    final. Words agree up to case (stabilize.py), and a capitalized word's probability now
-    counts its other cases (engines.case_variants). Partials are decoded as a stream's are, each
-    answered at once (`transcribe_samples` with partials), so the CPU's speed does not
-    decide which partials there are."""
-    clip = next(m for m in speech_manifest if m["id"] == "ljspeech_LJ001-0001")
+    """LJ001-0014 opens a stream with "And". With no sentence before it Whisper splits such a
+    word between its cases (" printing" 0.51-0.63 and " Printing" 0.23-0.36 in LJ001-0001's
+    partials on one CPU), and a word's probability counted only the chosen case: the first
+    word, and so every word after it, stayed under `stable_min_probability`, and none of the
+    sentence's 31 words was stable before its final. Words agree up to case (stabilize.py),
+    and a capitalized word's probability now counts its other cases (engines.case_variants):
+    10 are. Partials are decoded as a stream's are, each answered at once
+    (`transcribe_samples` with partials), so the CPU's speed does not decide which partials
+    there are; in float32, so that CTranslate2's int8 kernels, which differ between CPUs, do
+    not decide which case a partial chooses."""
+    if name == "torch_graph":
+        pytest.importorskip("torch", reason="torch_graph needs torch: pip install -e '.[torch]'")
+    config = make_config(engine={**ENGINES[name], "compute_type": "float32"})
+    engine = load_engine(config.engine)
+    clip = next(m for m in speech_manifest if m["id"] == "ljspeech_LJ001-0014")
     samples = read_wav_int16(speech_dir / clip["file"]).astype(np.float32) / 32768
-    transcript = transcribe_samples(samples, engine, engine_config, partials=True)
+    transcript = transcribe_samples(samples, engine, config, partials=True)
     promised, words = stable_before_final([m.to_dict() for m in transcript.messages])
     stable = [m.stable for m in transcript.messages if isinstance(m, Partial) and m.stable]
     first_stable = stable[0] if stable else ""
-    assert first_stable.lower().startswith("printing"), first_stable
-    assert promised >= 3, (promised, words, transcript.text)
+    assert first_stable.lower().startswith("and"), first_stable
+    assert promised >= 5, (promised, words, transcript.text)
