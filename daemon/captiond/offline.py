@@ -30,11 +30,15 @@ _CHUNK_MS = 500
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Transcript:
     text: str
-    segments: tuple[Final, ...]
     audio_ms: int
     # The partials (with `partials`) and finals in the order the session sent them: what
     # `bench decode --partials` measures stable words on.
     messages: tuple[Partial | Final, ...] = ()
+
+    @property
+    def segments(self) -> tuple[Final, ...]:
+        """The finals, in order."""
+        return tuple(message for message in self.messages if isinstance(message, Final))
 
     @property
     def partials(self) -> int:
@@ -63,7 +67,6 @@ def transcribe_samples(
         early_finals=partials,
         count_tokens=token_counter(engine.tokenizer_path),
     )
-    finals: list[Final] = []
     sent: list[Partial | Final] = []
     gated = applies(config.engine, engine.name)
 
@@ -74,8 +77,6 @@ def transcribe_samples(
                 (result,) = engine.transcribe_batch([request.engine_request])
             session.on_result(request, result)
         for message in session.take_messages():
-            if isinstance(message, Final):
-                finals.append(message)
             if isinstance(message, Partial | Final):
                 sent.append(message)
 
@@ -88,8 +89,7 @@ def transcribe_samples(
     session.receive_control(Control.END)
     drain()
     return Transcript(
-        text=join_texts(f.text for f in finals),
-        segments=tuple(finals),
+        text=join_texts(m.text for m in sent if isinstance(m, Final)),
         audio_ms=session.audio_ms,
         messages=tuple(sent),
     )
