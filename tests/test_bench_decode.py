@@ -66,3 +66,20 @@ def test_bench_decode_with_partials_shows_them_and_counts_empty_finals(
     share = clip["stable_before_final_share"]
     assert share is not None and 0 <= share <= 1
     assert overall["stable_before_final_share"] == share
+
+
+def test_bench_decode_counts_the_final_decodes_thrown_away(
+    speech_dir: Path, tmp_path: Path
+) -> None:
+    """LJ001-0009 has a pause longer than `final_tail_ms` and shorter than the endpoint: an
+    early final is decoded there and thrown away when the reader goes on. The fake engine's
+    text does not matter here: the pauses are webrtcvad's."""
+    argv = ["bench", "decode", "--clips", "ljspeech_LJ001-0009", "--partials"]
+    argv += ["--manifest", str(speech_dir / "manifest.jsonl"), "--engine", "fake"]
+    argv += ["--out", str(tmp_path)]
+    assert main(argv) == 0
+    (path,) = tmp_path.glob("decode-*.json")
+    data = json.loads(path.read_text())
+    clip, overall = data["per_clip"]["ljspeech_LJ001-0009"], data["overall"]
+    assert clip["final_decodes"] > clip["finals"] >= 1, clip
+    assert overall["final_decodes"] == clip["final_decodes"]

@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from captiond.audio import ms_to_samples
 from captiond.config import Config
-from captiond.engines import Engine, token_counter
+from captiond.engines import DecodeKind, Engine, token_counter
 from captiond.engines.speech_gate import applies, gate
 from captiond.protocol import Control, Final, Partial, StreamParams
 from captiond.session import StreamSession
@@ -34,6 +34,9 @@ class Transcript:
     # The partials (with `partials`) and finals in the order the session sent them: what
     # `bench decode --partials` measures stable words on.
     messages: tuple[Partial | Final, ...] = ()
+    # Final decodes the engine ran: one per final, more where an early final was thrown away
+    # (the speaker went on after `final_tail_ms` of silence) or one was decoded again alone.
+    final_decodes: int = 0
 
     @property
     def segments(self) -> tuple[Final, ...]:
@@ -69,12 +72,16 @@ def transcribe_samples(
     )
     sent: list[Partial | Final] = []
     gated = applies(config.engine, engine.name)
+    final_decodes = 0
 
     def drain() -> None:
+        nonlocal final_decodes
         while (request := session.next_request()) is not None:
             result = gate(request.engine_request) if gated else None
             if result is None:
                 (result,) = engine.transcribe_batch([request.engine_request])
+                if request.engine_request.kind is DecodeKind.FINAL:
+                    final_decodes += 1
             session.on_result(request, result)
         for message in session.take_messages():
             if isinstance(message, Partial | Final):
@@ -92,4 +99,5 @@ def transcribe_samples(
         text=join_texts(m.text for m in sent if isinstance(m, Final)),
         audio_ms=session.audio_ms,
         messages=tuple(sent),
+        final_decodes=final_decodes,
     )

@@ -7,7 +7,9 @@ partials and without waiting for the audio. So a setting that changes what a fin
 minutes over hundreds of utterances, by its errors and by the engine time each final costs,
 before a real-time `bench stream` run confirms it. With `--partials` the session also asks for
 partials and early finals, each answered at once: what partials do to finals (stable words kept,
-an utterance shown in partials whose final is empty) shows, still without real time. A clip is
+an utterance shown in partials whose final is empty) shows, still without real time, and so do
+the early finals thrown away at pauses the speaker went on after (`final_decodes` against
+`finals`: `--set vad.endpoint_silence_ms=N` weighs an endpoint). A clip is
 decoded in its manifest's `language`, and scored in it (WER, or CER for languages written
 without spaces), with totals per language:
 
@@ -46,7 +48,7 @@ def _bench_decode(args: argparse.Namespace) -> int:
     env.engine.phases.drain()  # the warm-up's
     clips: dict[str, Any] = {}
     speech = exact = long = NO_ERRORS
-    finals, empty_finals, audio_s = 0, 0, 0.0
+    finals, empty_finals, final_decodes, audio_s = 0, 0, 0, 0.0
     promised_words = final_words = 0
     per_language: dict[str, WerCounts] = {}
     progress = Progress("decode", len(env.clips))
@@ -59,11 +61,13 @@ def _bench_decode(args: argparse.Namespace) -> int:
         empty = sum(1 for final in transcript.segments if not final.text)
         finals += len(transcript.segments)
         empty_finals += empty
+        final_decodes += transcript.final_decodes
         audio_s += clip.duration_s
         figures: dict[str, Any] = {
             "text": transcript.text,
             "finals": len(transcript.segments),
             "empty_finals": empty,
+            "final_decodes": transcript.final_decodes,
             "partials": transcript.partials,
         }
         if args.partials:
@@ -98,6 +102,9 @@ def _bench_decode(args: argparse.Namespace) -> int:
         "nonspeech_words": sum(clips[c.id]["words"] for c in env.clips if c.kind == "nonspeech"),
         "finals": finals,
         "empty_finals": empty_finals,
+        # Engine decodes for the finals: more than finals where early finals were thrown away
+        # (the speaker went on) or a final was decoded again alone.
+        "final_decodes": final_decodes,
         # With --partials: the share of the finals' words shown as stable before their final.
         "stable_before_final_share": (
             share((promised_words, final_words)) if args.partials else None
@@ -121,7 +128,8 @@ def _bench_decode(args: argparse.Namespace) -> int:
     share_text = f"; {overall['stable_before_final_share']} of their words stable before them"
     stable = share_text if args.partials else ""
     print(
-        f"{len(env.clips)} clips, {finals} finals ({empty_finals} empty{stable}): {speech.errors} "
+        f"{len(env.clips)} clips, {finals} finals ({empty_finals} empty{stable}; {final_decodes} "
+        f"final decodes): {speech.errors} "
         f"errors in {speech.reference_words} words ({100 * speech.wer:.2f} %); exact references "
         f"{overall['wer_exact_refs']}, long clips {overall['wer_long_pooled']}; non-speech words "
         f"{overall['nonspeech_words']}; per final: {per_final}; wrote {path}"
