@@ -58,14 +58,15 @@ def _bench_decode(args: argparse.Namespace) -> int:
         transcript = transcribe_samples(clip.samples, env.engine, config, partials=args.partials)
         # An empty final only follows partials (offline, an utterance decoded to nothing
         # sends none): an utterance whose words were shown, then lost.
-        empty = sum(1 for final in transcript.segments if not final.text)
-        finals += len(transcript.segments)
+        segments = transcript.segments  # a property: the finals among the messages
+        empty = sum(1 for final in segments if not final.text)
+        finals += len(segments)
         empty_finals += empty
         final_decodes += transcript.final_decodes
         audio_s += clip.duration_s
         figures: dict[str, Any] = {
             "text": transcript.text,
-            "finals": len(transcript.segments),
+            "finals": len(segments),
             "empty_finals": empty,
             "final_decodes": transcript.final_decodes,
             "partials": transcript.partials,
