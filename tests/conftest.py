@@ -78,26 +78,13 @@ def missing_tool(message: str) -> NoReturn:
 
 def vad_spans(samples: np.ndarray) -> list[tuple[int, int]]:
     """[start, end) of every utterance the default webrtcvad segmentation finds in `samples`."""
-    from captiond.audio import Framer, to_pcm16
     from captiond.config import Config
-    from captiond.vad import UtteranceStart, VadSegmenter, webrtc_vad
+    from captiond.vad import utterance_spans, webrtc_vad
 
     config = Config()
-    segmenter = VadSegmenter(webrtc_vad(config.vad.aggressiveness), config.vad, config.stream)
-    events = list(segmenter.push(Framer().push(to_pcm16(samples))))
-    events.extend(segmenter.flush(len(samples)))
-    spans: list[tuple[int, int]] = []
-    start: int | None = None
-    for event in events:
-        if isinstance(event, UtteranceStart):
-            assert start is None
-            start = event.start_sample
-        else:
-            assert start is not None
-            spans.append((start, event.end_sample))
-            start = None
-    assert start is None
-    return spans
+    return utterance_spans(
+        samples, webrtc_vad(config.vad.aggressiveness), config.vad, config.stream
+    )
 
 
 def read_wav_int16(path: Path) -> np.ndarray:

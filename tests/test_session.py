@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from captiond.audio import Samples
 from captiond.config import Config, StreamConfig, VadConfig
 from captiond.engines import (
+    LANGUAGE_SWITCH_NATS,
     DecodeKind,
     EngineRequest,
     EngineResult,
@@ -1605,7 +1607,8 @@ def test_an_utterance_that_decoded_to_nothing_does_not_set_the_session_language(
         language, probability = request.language, 1.0
         if language is None:
             hints.append(request.language_hint)
-            language, probability = choose_language(speech if loud else noise, hints[-1])
+            choice = choose_language(speech if loud else noise, hints[-1])
+            language, probability = choice.language, choice.probability
         result = fake_decoder()(dataclasses.replace(request, language=language))
         text = result.text if loud else ""
         return dataclasses.replace(
@@ -1622,21 +1625,76 @@ def test_an_utterance_that_decoded_to_nothing_does_not_set_the_session_language(
     assert [(f.language, bool(f.text)) for f in driver.of(Final)] == [("en", True)]
 
 
+UNSURE_PT = {"pt": 0.72, "es": 0.14, "it": 0.04}  # base on the end of a Spanish sentence
+
+
 @pytest.mark.parametrize(
-    ("probabilities", "hint", "chosen"),
+    ("probabilities", "hint", "evidence", "chosen", "left"),
     [
-        ({"en": 0.6, "de": 0.3}, "de", "de"),  # a few English words in a German meeting
-        ({"en": 0.75, "de": 0.2}, "de", "en"),  # sure of the other language
-        # Kept however unlikely: a floor (keep it only above 10 %) switched the end of a
-        # Spanish clip of the corpus to Portuguese (es_picovoice_leopard).
-        ({"en": 0.65, "cy": 0.05}, "cy", "cy"),
-        ({"en": 0.65, "cy": 0.05}, None, "en"),
+        ({"en": 0.65, "cy": 0.05}, None, (None, 0.0), "en", None),  # no session language yet
+        ({"en": 0.6, "de": 0.3}, "de", (None, 0.0), "de", "en"),  # English words, German meeting
+        ({"en": 0.95, "de": 0.04}, "de", (None, 0.0), "en", None),  # 24 times as likely: switch
+        (UNSURE_PT, "es", (None, 0.0), "es", "pt"),  # 5 times: kept, evidence left for pt
+        (UNSURE_PT, "es", ("pt", math.log(0.72 / 0.14)), "pt", None),  # twice in a row: switch
+        (UNSURE_PT, "es", ("it", 2.5), "es", "pt"),  # the evidence was for another language
+        ({"en": 0.65, "cy": 0.0}, "cy", (None, 0.0), "en", None),  # underflowed: no evidence
     ],
 )
-def test_choose_language_keeps_the_hint_unless_sure_of_another(
-    probabilities: dict[str, float], hint: str | None, chosen: str
+def test_choose_language_switches_on_the_odds_of_consecutive_utterances(
+    probabilities: dict[str, float],
+    hint: str | None,
+    evidence: tuple[str | None, float],
+    chosen: str,
+    left: str | None,
 ) -> None:
-    assert choose_language(probabilities, hint) == (chosen, probabilities[chosen])
+    choice = choose_language(probabilities, hint, *evidence)
+    assert (choice.language, choice.probability) == (chosen, probabilities[chosen])
+    assert choice.switch_language == left
+    if left is not None:
+        carried = evidence[1] if evidence[0] == left else 0.0
+        odds = probabilities[left] / probabilities[chosen]
+        assert choice.switch_nats == pytest.approx(carried + math.log(odds))
+        assert choice.switch_nats < LANGUAGE_SWITCH_NATS
+
+
+def test_the_evidence_for_a_switch_adds_up_over_consecutive_utterances_only() -> None:
+    """A Spanish session: an utterance heard as Portuguese at 0.72 (Spanish 0.14) is decoded in
+    Spanish; one heard as Spanish clears the evidence, so the next unsure one is Spanish again;
+    two unsure ones in a row switch the session to Portuguese."""
+    heard = [{"es": 0.9, "pt": 0.05}, UNSURE_PT, {"es": 0.8, "pt": 0.1}, UNSURE_PT, UNSURE_PT]
+    # Each utterance's detections (an unsure one is detected again on more audio), by its start.
+    detections: dict[int, list[EngineRequest]] = {}
+
+    def decode(request: EngineRequest) -> EngineResult:
+        result = fake_decoder()(request)
+        if request.language is not None:
+            return dataclasses.replace(result, language=request.language)
+        start = request.end_sample - (len(request.audio) - request.detect_from_sample)
+        detections.setdefault(start, []).append(request)
+        choice = choose_language(
+            heard[len(detections) - 1],
+            request.language_hint,
+            request.switch_language,
+            request.switch_nats,
+        )
+        return dataclasses.replace(
+            result,
+            language=choice.language,
+            language_probability=choice.probability,
+            switch_language=choice.switch_language,
+            switch_nats=choice.switch_nats,
+        )
+
+    driver = Driver(decode, params=StreamParams(language="auto"), stream=NO_CONTEXT)
+    for _ in heard:
+        driver.send(tone(4.0))
+        driver.send(silence(1.0))
+    driver.control(Control.END)
+    assert [f.language for f in driver.of(Final) if f.text] == ["es", "es", "es", "es", "pt"]
+    carried = [{r.switch_language for r in requests} for requests in detections.values()]
+    # The first unsure one's evidence is cleared by the Spanish one after it; the second's
+    # reaches the utterance after it.
+    assert carried == [{None}, {None}, {"pt"}, {None}, {"pt"}]
 
 
 def test_a_session_taken_back_after_a_restart_goes_on_in_its_language() -> None:

@@ -11,6 +11,7 @@ failed in CI).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ torch = pytest.importorskip("torch")
 
 from captiond.config import EngineConfig  # noqa: E402
 from captiond.engines import (  # noqa: E402
+    LANGUAGE_SWITCH_NATS,
     DecodeKind,
     EngineInfo,
     EngineRequest,
@@ -250,23 +252,37 @@ def test_language_hint_hysteresis(
     sure = _ct2_detect(reference, encoded[CLIPS[0]])
     detected = max(unsure, key=unsure.__getitem__)
     # The premise: the Dutch clip is taken for another language, without conviction.
-    assert detected != "nl" and unsure[detected] < 0.7
+    odds_nats = math.log(unsure[detected] / unsure["nl"])
+    assert detected != "nl" and odds_nats < LANGUAGE_SWITCH_NATS
+    # Short of a switch alone, over it with this utterance's odds: a like utterance before it.
+    carried = (detected, LANGUAGE_SWITCH_NATS - odds_nats / 2)
     cases = [
-        (UNSURE_CLIP, None, unsure),  # no session language yet: the detection wins
-        (UNSURE_CLIP, "nl", unsure),  # a Dutch session stays Dutch
-        (CLIPS[0], "en", sure),  # sure German switches an English session
+        (UNSURE_CLIP, None, (None, 0.0), unsure),  # no session language yet: the detection wins
+        (UNSURE_CLIP, "nl", (None, 0.0), unsure),  # a Dutch session stays Dutch
+        (CLIPS[0], "en", (None, 0.0), sure),  # sure German switches an English session
+        (UNSURE_CLIP, "nl", carried, unsure),  # the second unsure one in a row switches
     ]
     results = engine.transcribe_batch(
         [
-            EngineRequest(audio=audio[i], kind=DecodeKind.FINAL, language=None, language_hint=h)
-            for i, h, _ in cases
+            EngineRequest(
+                audio=audio[i],
+                kind=DecodeKind.FINAL,
+                language=None,
+                language_hint=h,
+                switch_language=evidence[0],
+                switch_nats=evidence[1],
+            )
+            for i, h, evidence, _ in cases
         ]
     )
-    for (_, hint, probs), ours in zip(cases, results, strict=True):
-        language, probability = choose_language(probs, hint)
-        assert ours.language == language
-        assert ours.language_probability == pytest.approx(probability, abs=1e-3)
-    assert [r.language for r in results] == [detected, "nl", "de"]
+    for (_, hint, evidence, probs), ours in zip(cases, results, strict=True):
+        choice = choose_language(probs, hint, *evidence)
+        assert ours.language == choice.language
+        assert ours.language_probability == pytest.approx(choice.probability, abs=1e-3)
+        assert ours.switch_language == choice.switch_language
+        assert ours.switch_nats == pytest.approx(choice.switch_nats, abs=1e-2)
+    assert [r.language for r in results] == [detected, "nl", "de", detected]
+    assert results[1].switch_language == detected
     # Decoded in the language chosen, not the one detected.
     assert list(results[1].tokens) == _ct2_tokens(
         reference, encoded[UNSURE_CLIP], "nl", "transcribe"

@@ -417,6 +417,8 @@ def test_decode_and_result_messages_cross_the_link_whole() -> None:
         kind=DecodeKind.FINAL,
         language="de",
         language_hint="fr",
+        switch_language="it",
+        switch_nats=1.5,
         detect_from_sample=160,
         task="translate",
         prompt="Vorher.",
@@ -440,6 +442,8 @@ def test_decode_and_result_messages_cross_the_link_whole() -> None:
         compression_ratio=1.7,
         language="de",
         language_probability=0.9,
+        switch_language="it",
+        switch_nats=2.1,
         unit_probs=(0.8, 0.95),
         spaced=False,
     )

@@ -91,7 +91,7 @@ _PAUSE_MS = 150
 _HINTED_DETECT_MS = 1_000
 # Below this probability of the session's language, 1 s of an utterance does not decide it:
 # the detection waits for `language_detect_s` of audio. One second of English after Spanish
-# was heard as Spanish (English short of the switch's 0.7), and the whole eight-second
+# was heard as Spanish (English short of the odds a switch needs), and the whole eight-second
 # sentence was then decoded as Spanish: translated.
 _SURE_SAME_LANGUAGE = 0.5
 # Nor does a detection of another language on less than `language_detect_s` of audio switch
@@ -170,6 +170,8 @@ class _Utterance:
     alone: bool = False
     language: str | None = None  # decided once per utterance (with ?language=auto: detected)
     detect_longer: bool = False  # 1 s did not tell its language: detected on more audio
+    # The evidence for a switch its detection left (engines.LanguageChoice); None: not detected.
+    switch: tuple[str | None, float] | None = None
     chinese_variant: str = ""  # the stream's when the utterance began ("": as Whisper writes)
     agreement: LocalAgreement = field(default_factory=LocalAgreement)
 
@@ -230,8 +232,11 @@ class StreamSession:
         self._lead_samples = max(self._final_window_samples, self._partial_window_samples)
         self._segments = origin.first_segment
         # The session's language so far: what an utterance in ?language=auto is decoded in
-        # unless another one is detected with confidence (engines.choose_language).
+        # unless the evidence for another one is strong enough (engines.choose_language).
         self._language = origin.language if params.auto_language else params.language
+        # The evidence for another language its utterances so far left (choose_language adds
+        # it up over consecutive ones): the language and ln of its odds against the session's.
+        self._switch: tuple[str | None, float] = (None, 0.0)
         self._detect_samples = ms_to_samples(round(config.stream.language_detect_s * 1000))
         self._detect_hinted_samples = min(self._detect_samples, ms_to_samples(_HINTED_DETECT_MS))
         self.state = SessionState.STREAMING
@@ -269,6 +274,7 @@ class StreamSession:
         )
         if not self._params.auto_language:
             self._language = self._params.language
+        self._switch = (None, 0.0)  # the client said what is spoken: no evidence against it
 
     def set_prompt(self, prompt: str) -> None:
         """Prompt the decodes from the next one on with `prompt` (names, terms; "" for none),
@@ -344,9 +350,7 @@ class StreamSession:
             if (
                 utt.language is None
                 and result.language is not None
-                and not self._take_language(
-                    utt, request, result.language, result.language_probability
-                )
+                and not self._take_language(utt, request, result)
             ):
                 self._maybe_done()  # this decode's text is not used
                 return
@@ -597,6 +601,8 @@ class StreamSession:
                 kind=kind,
                 language=language,
                 language_hint=self._language,
+                switch_language=self._switch[0],
+                switch_nats=self._switch[1],
                 detect_from_sample=utt.start_sample - context.start_sample,
                 task=self._params.task,
                 prompt=context.prompt,
@@ -632,9 +638,7 @@ class StreamSession:
         )
         return silent or sparse or result.compression_ratio > cfg.compression_ratio_threshold
 
-    def _take_language(
-        self, utt: _Utterance, request: DecodeRequest, language: str, probability: float
-    ) -> bool:
+    def _take_language(self, utt: _Utterance, request: DecodeRequest, result: EngineResult) -> bool:
         """Decide the utterance's language from the decode that detected it; False when that
         decode's text is not to be used:
         - a partial's detection on the first second found another language, or kept the
@@ -643,15 +647,20 @@ class StreamSession:
         - the language changed and the decode had the old language's text as context, which
           Whisper goes on writing in (Japanese speech came out as English): the next decode,
           in the language now decided, has no such context."""
+        assert result.language is not None
         if (
             request.kind is DecodeKind.PARTIAL
             and not utt.detect_longer
-            and (language != self._language or probability < _SURE_SAME_LANGUAGE)
+            and (
+                result.language != self._language
+                or result.language_probability < _SURE_SAME_LANGUAGE
+            )
             and self._too_short_to_switch(utt, request.end_sample)
         ):
             utt.detect_longer = True
             return False
-        changed = self._decide_language(utt, language)
+        utt.switch = (result.switch_language, result.switch_nats)
+        changed = self._decide_language(utt, result.language)
         return not (changed and (request.engine_request.prefix or request.engine_request.prompt))
 
     def _too_short_to_switch(self, utt: _Utterance, end_sample: int) -> bool:
@@ -796,6 +805,8 @@ class StreamSession:
         # heard as Welsh and decoded to nothing must not hold the next one to Welsh.
         if text:
             self._language = utt.language or self._language
+            if utt.switch is not None:
+                self._switch = utt.switch
         self._trim_buffer()
 
     def _maybe_done(self) -> None:

@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from captiond import SAMPLE_RATE_HZ
-from captiond.audio import FRAME_SAMPLES, Pcm16, ms_to_samples
+from captiond.audio import FRAME_SAMPLES, Framer, Pcm16, Samples, ms_to_samples, to_pcm16
 from captiond.config import StreamConfig, VadConfig
 
 FRAME_MS = FRAME_SAMPLES * 1000 // SAMPLE_RATE_HZ
@@ -253,3 +253,17 @@ class VadSegmenter:
     def _quietest_cut(self) -> int:
         frame_start, _ = min(self._recent, key=lambda item: item[1])
         return frame_start + FRAME_SAMPLES // 2
+
+
+def utterance_spans(
+    samples: Samples, vad: Vad, vad_config: VadConfig, stream_config: StreamConfig
+) -> list[tuple[int, int]]:
+    """[start, end) of every utterance a stream of `samples` would be segmented into (a whole
+    recording at once: tests and offline analyses). `vad` should be new, as a stream's is:
+    webrtcvad adapts to the audio it has seen."""
+    segmenter = VadSegmenter(vad, vad_config, stream_config)
+    events = list(segmenter.push(Framer().push(to_pcm16(samples))))
+    events.extend(segmenter.flush(len(samples)))
+    starts = [e.start_sample for e in events if isinstance(e, UtteranceStart)]
+    ends = [e.end_sample for e in events if isinstance(e, UtteranceEnd)]
+    return list(zip(starts, ends, strict=True))

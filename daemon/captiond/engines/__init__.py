@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -64,8 +65,9 @@ class EngineRequest:
     `language` None asks the engine to detect it (Whisper's language-token probabilities on
     the first 30 s of `audio[detect_from_sample:]`, the utterance without its context) and to
     decode in the language `choose_language` picks given `language_hint`, the session's
-    language so far. An English-only model always decodes English. `task` is "transcribe" or
-    "translate" (to English).
+    language so far, and `switch_language`/`switch_nats`, the evidence for another language
+    its earlier utterances left. An English-only model always decodes English. `task` is
+    "transcribe" or "translate" (to English).
 
     `stream` names the stream the window is from, and `end_sample` is where it ends on that
     stream's sample clock: an engine may keep a stream's audio between its decodes (torch_graph
@@ -77,6 +79,8 @@ class EngineRequest:
     kind: DecodeKind
     language: str | None = "en"
     language_hint: str | None = None
+    switch_language: str | None = None
+    switch_nats: float = 0.0
     detect_from_sample: int = 0
     task: str = "transcribe"
     prompt: str = ""
@@ -100,6 +104,10 @@ class EngineResult:
     # The language decoded in, and its detected probability (1.0 when it was given).
     language: str | None = None
     language_probability: float = 1.0
+    # The evidence for a switch the detection leaves (`LanguageChoice`); None when the
+    # language was given, or detected without a session language to switch from.
+    switch_language: str | None = None
+    switch_nats: float = 0.0
     # p of each text unit of `text` (text.units): its least likely token's probability, for
     # greedy partials (stable words need it; a beam's choice is not one token's probability,
     # and finals do not need it); empty otherwise.
@@ -323,20 +331,50 @@ def fit_prompt(
     return kept_stream + kept_previous, kept_prefix
 
 
-# A session's language gives way to a detected other language only this sure: a few words of
-# English in a German meeting do not switch the captions to English.
-LANGUAGE_SWITCH_PROBABILITY = 0.7
+# A session's language gives way to another one only on evidence (Bayes): the detection's odds
+# for the other language against the session's, p(other) / p(session), times the prior odds
+# of a switch at any one utterance, must exceed 1. Meetings change language rarely; at a prior
+# of 1 in 20 utterances, the other language must be 19 times as likely as the session's. The
+# log odds add up over consecutive utterances that favour the same other language (Page's
+# CUSUM): one very sure utterance switches at once, an unsure one is decoded in the session's
+# language and a second one like it switches. A bar on p(other) alone (0.7 before) switched
+# on one unsure detection: base heard a Spanish sentence as Portuguese at 0.78 (Spanish 0.14),
+# and it and the next two sentences of the session came out in Portuguese.
+LANGUAGE_SWITCH_NATS = math.log(19.0)
 
 
-def choose_language(probabilities: dict[str, float], hint: str | None) -> tuple[str, float]:
-    """The language to decode in, from Whisper's language probabilities and the session's
-    language so far (hysteresis), with its probability. The same rule in every engine."""
+@dataclass(frozen=True, slots=True)
+class LanguageChoice:
+    """The language to decode in and its detected probability, and the evidence for a switch
+    it leaves: `switch_nats` (ln of the odds) for `switch_language` against the session's
+    language, carried to the session's next utterance (None: no evidence for another)."""
+
+    language: str
+    probability: float
+    switch_language: str | None = None
+    switch_nats: float = 0.0
+
+
+def choose_language(
+    probabilities: dict[str, float],
+    hint: str | None,
+    switch_language: str | None = None,
+    switch_nats: float = 0.0,
+) -> LanguageChoice:
+    """The language to decode in, from Whisper's language probabilities, the session's language
+    so far (`hint`) and the evidence its earlier utterances left for another
+    (`switch_language`, `switch_nats`): see `LANGUAGE_SWITCH_NATS`. The same rule in every
+    engine."""
     detected = max(probabilities, key=probabilities.__getitem__)
     if hint is None or hint not in probabilities or detected == hint:
-        return detected, probabilities[detected]
-    if probabilities[detected] >= LANGUAGE_SWITCH_PROBABILITY:
-        return detected, probabilities[detected]
-    return hint, probabilities[hint]
+        return LanguageChoice(detected, probabilities[detected])
+    # A probability that underflowed to 0 is no evidence for the hint at all.
+    nats = math.log(probabilities[detected]) - math.log(max(probabilities[hint], 1e-30))
+    if detected == switch_language:
+        nats += switch_nats
+    if nats >= LANGUAGE_SWITCH_NATS:
+        return LanguageChoice(detected, probabilities[detected])
+    return LanguageChoice(hint, probabilities[hint], detected, nats)
 
 
 N_FRAMES = 3000  # one 30 s Whisper window of 10 ms mel frames

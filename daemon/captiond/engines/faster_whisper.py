@@ -26,6 +26,7 @@ from captiond.engines import (
     DecodeKind,
     EngineRequest,
     EngineResult,
+    LanguageChoice,
     PhaseTimes,
     begins_with_space,
     case_variants,
@@ -160,13 +161,13 @@ class FasterWhisperEngine:
             )
         return self._tokenizers[key]
 
-    def languages(self, requests: Sequence[EngineRequest]) -> list[tuple[str, float]]:
+    def languages(self, requests: Sequence[EngineRequest]) -> list[LanguageChoice]:
         """The language each request decodes in, with its probability: given, or detected on
         the first 30 s of the utterance (one batched encode) and chosen with the session's
         hint (`choose_language`). An English-only model decodes English."""
         if not self.multilingual:
-            return [("en", 1.0)] * len(requests)
-        chosen = [(r.language or "", 1.0) for r in requests]
+            return [LanguageChoice("en", 1.0)] * len(requests)
+        chosen = [LanguageChoice(r.language or "", 1.0) for r in requests]
         todo = [i for i, r in enumerate(requests) if r.language is None]
         if todo:
             features = np.stack(
@@ -176,7 +177,10 @@ class FasterWhisperEngine:
             for i, pairs in zip(todo, detected, strict=True):
                 # Tokens look like "<|de|>": the code between the brackets.
                 probabilities = {token[2:-2]: prob for token, prob in pairs}
-                chosen[i] = choose_language(probabilities, requests[i].language_hint)
+                r = requests[i]
+                chosen[i] = choose_language(
+                    probabilities, r.language_hint, r.switch_language, r.switch_nats
+                )
         return chosen
 
     def _prompt(self, tokenizer: Any, request: EngineRequest) -> tuple[list[int], int]:
@@ -197,8 +201,8 @@ class FasterWhisperEngine:
         with phase("languages"):
             languages = self.languages(requests)
         tokenizers = [
-            self._tokenizer(language, r.task)
-            for (language, _), r in zip(languages, requests, strict=True)
+            self._tokenizer(choice.language, r.task)
+            for choice, r in zip(languages, requests, strict=True)
         ]
         planned = [self._prompt(t, r) for t, r in zip(tokenizers, requests, strict=True)]
         prompts = [prompt for prompt, _ in planned]
@@ -236,9 +240,13 @@ class FasterWhisperEngine:
                     partial = requests[i].kind is DecodeKind.PARTIAL
                     n_prefix, budget = planned[i][1], limits[i][0]
                     result = self._result(tokenizers[i], out, n_prefix, partial, budget)
-                    language, probability = languages[i]
+                    choice = languages[i]
                     results[i] = dataclasses.replace(
-                        result, language=language, language_probability=probability
+                        result,
+                        language=choice.language,
+                        language_probability=choice.probability,
+                        switch_language=choice.switch_language,
+                        switch_nats=choice.switch_nats,
                     )
         return [results[i] for i in range(len(requests))]
 

@@ -33,6 +33,7 @@ from captiond.engines import (
     DecodeKind,
     EngineRequest,
     EngineResult,
+    LanguageChoice,
     PhaseTimes,
     begins_with_space,
     choose_language,
@@ -254,13 +255,13 @@ class TorchGraphEngine:
                 plans = [
                     self.tokens.prompt(
                         r.prompt,
-                        language,
+                        choice.language,
                         r.prefix,
                         r.task,
                         stream_prompt=r.stream_prompt,
                         cap=partial_token_cap(r),
                     )
-                    for r, (language, _) in zip(requests, languages, strict=True)
+                    for r, choice in zip(requests, languages, strict=True)
                 ]
                 no_speech = self.decoder.prefill(plans, bucket)
             with phase("decode"):
@@ -278,11 +279,11 @@ class TorchGraphEngine:
         self,
         rows: Sequence[DecodedRow],
         requests: Sequence[EngineRequest],
-        languages: Sequence[tuple[str, float]],
+        languages: Sequence[LanguageChoice],
     ) -> list[EngineResult]:
         """Text, compression ratio and (partials) word probabilities of each decoded row."""
         results = []
-        for row, request, (language, probability) in zip(rows, requests, languages, strict=True):
+        for row, request, choice in zip(rows, requests, languages, strict=True):
             written = self.tokens.decode(row.tokens)
             text = written.strip()
             unit_probs: tuple[float, ...] = ()
@@ -296,8 +297,10 @@ class TorchGraphEngine:
                     avg_logprob=row.avg_logprob,
                     no_speech_prob=row.no_speech_prob,
                     compression_ratio=compression_ratio(text),
-                    language=language,
-                    language_probability=probability,
+                    language=choice.language,
+                    language_probability=choice.probability,
+                    switch_language=choice.switch_language,
+                    switch_nats=choice.switch_nats,
                     unit_probs=unit_probs,
                     spaced=begins_with_space(written),
                     truncated=row.truncated,
@@ -317,7 +320,7 @@ class TorchGraphEngine:
 
     def _encode_and_detect(
         self, requests: Sequence[EngineRequest], frames: Sequence[int]
-    ) -> list[tuple[str, float]]:
+    ) -> list[LanguageChoice]:
         """Encode the decode windows (`frames` mel frames each, equal ones adjacent; left in
         the cross-attention cache for the prefill) and return each request's decode language
         and its probability, detecting where asked.
@@ -340,8 +343,8 @@ class TorchGraphEngine:
             # Rows 0 .. last in-place row; the rows between cost one token each.
             probs = self.decoder.language_probs(in_place[-1] + 1)
             detected.append(probs[torch.tensor(in_place, device=probs.device)])
-        chosen: list[tuple[str, float]] = [
-            ("en", 1.0) if r.language is None or not self.multilingual else (r.language, 1.0)
+        chosen = [
+            LanguageChoice("en" if r.language is None or not self.multilingual else r.language, 1.0)
             for r in requests
         ]
         if not detect:
@@ -350,7 +353,10 @@ class TorchGraphEngine:
         codes = self.tokens.language_codes
         for i, row in zip(shifted + in_place, rows, strict=True):
             probabilities = dict(zip(codes, row, strict=True))
-            chosen[i] = choose_language(probabilities, requests[i].language_hint)
+            r = requests[i]
+            chosen[i] = choose_language(
+                probabilities, r.language_hint, r.switch_language, r.switch_nats
+            )
         return chosen
 
     def close(self) -> None:
