@@ -1660,8 +1660,10 @@ def test_choose_language_switches_on_the_odds_of_consecutive_utterances(
 def test_the_evidence_for_a_switch_adds_up_over_consecutive_utterances_only() -> None:
     """A Spanish session: an utterance heard as Portuguese at 0.72 (Spanish 0.14) is decoded in
     Spanish; one heard as Spanish clears the evidence, so the next unsure one is Spanish again;
-    two unsure ones in a row switch the session to Portuguese."""
-    heard = [{"es": 0.9, "pt": 0.05}, UNSURE_PT, {"es": 0.8, "pt": 0.1}, UNSURE_PT, UNSURE_PT]
+    two unsure ones in a row switch the session to Portuguese. A short utterance between them,
+    too short to be detected, is no evidence either way."""
+    # The fifth is the short one: its first second, heard as unsure, decides nothing.
+    heard = [{"es": 0.9, "pt": 0.05}, UNSURE_PT, {"es": 0.8, "pt": 0.1}] + [UNSURE_PT] * 3
     # Each utterance's detections (an unsure one is detected again on more audio), by its start.
     detections: dict[int, list[EngineRequest]] = {}
 
@@ -1686,15 +1688,19 @@ def test_the_evidence_for_a_switch_adds_up_over_consecutive_utterances_only() ->
         )
 
     driver = Driver(decode, params=StreamParams(language="auto"), stream=NO_CONTEXT)
-    for _ in heard:
+    for i in range(len(heard) - 1):
         driver.send(tone(4.0))
         driver.send(silence(1.0))
+        if i == 3:
+            driver.send(tone(0.8))  # decoded in the session's language, not detected
+            driver.send(silence(1.0))
     driver.control(Control.END)
-    assert [f.language for f in driver.of(Final) if f.text] == ["es", "es", "es", "es", "pt"]
+    languages = [f.language for f in driver.of(Final) if f.text]
+    assert languages == ["es", "es", "es", "es", "es", "pt"]
     carried = [{r.switch_language for r in requests} for requests in detections.values()]
     # The first unsure one's evidence is cleared by the Spanish one after it; the second's
-    # reaches the utterance after it.
-    assert carried == [{None}, {None}, {"pt"}, {None}, {"pt"}]
+    # reaches the short one (whose 1-s detection decides nothing) and, past it, the last.
+    assert carried == [{None}, {None}, {"pt"}, {None}, {"pt"}, {"pt"}]
 
 
 def test_a_session_taken_back_after_a_restart_goes_on_in_its_language() -> None:

@@ -659,7 +659,8 @@ class StreamSession:
         ):
             utt.detect_longer = True
             return False
-        utt.switch = (result.switch_language, result.switch_nats)
+        if request.engine_request.language is None:  # detected: else no evidence either way
+            utt.switch = (result.switch_language, result.switch_nats)
         changed = self._decide_language(utt, result.language)
         return not (changed and (request.engine_request.prefix or request.engine_request.prompt))
 
