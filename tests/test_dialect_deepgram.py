@@ -349,7 +349,8 @@ def test_stereo_and_resampled_audio_match_mono() -> None:
     """channels=2 at 48 kHz, sent in chunks that split sample frames: the same finals, at the
     same times, as the mono samples over /v1/stream."""
     pcm = resample(tone_bursts([1.0, 2.0, 0.5]), 48_000)
-    options = {"encoding": "linear16", "sample_rate": 48_000, "channels": 2}
+    # Punctuated, as the native finals are (the fake engine ends a sentence at a pause).
+    options = {"encoding": "linear16", "sample_rate": 48_000, "channels": 2, "punctuate": True}
 
     async def scenario() -> tuple[Run, list[dict[str, Any]]]:
         async with running_daemon(FAST) as daemon:

@@ -18,7 +18,7 @@ from daemon_harness import check_invariants, make_config, running_daemon, stream
 
 from captiond.bench.metrics import stable_before_final
 from captiond.bench.wer import WerCounts, word_errors
-from captiond.config import Config
+from captiond.config import Config, override
 from captiond.engines import Engine, load_engine
 from captiond.offline import transcribe_samples
 from captiond.protocol import Partial
@@ -146,3 +146,22 @@ def test_a_first_sentence_gets_stable_words_though_whisper_doubts_its_case(
     first_stable = stable[0] if stable else ""
     assert first_stable.lower().startswith("and"), first_stable
     assert promised >= 5, (promised, words, transcript.text)
+
+
+def test_a_sentence_the_speaker_pauses_in_is_one_final(tiny_en: Engine, jfk: np.ndarray) -> None:
+    """JFK pauses after "ask not" (over 500 ms, under 800) within "And so, my fellow Americans,
+    ask not what your country can do for you." The early final at that pause writes no full
+    stop, so the utterance waits for `unfinished_endpoint_silence_ms`, and the speaker goes on:
+    the sentence is one final. With the endpoint at 500 ms whatever the words (the behaviour
+    before), "ask not" was final before "what your country" was heard. Each decode answered at
+    once (`transcribe_samples` with partials, as a stream with a fast engine), so the CPU's
+    speed does not decide it."""
+    config = make_config()
+    before = override(config, "vad", unfinished_endpoint_silence_ms=500)
+    texts = {
+        name: [f.text for f in transcribe_samples(jfk, tiny_en, c, partials=True).segments]
+        for name, c in (("sentences", config), ("before", before))
+    }
+    first = texts["sentences"][0].lower()
+    assert first.startswith("and so") and first.endswith("what your country can do for you."), texts
+    assert texts["before"][0].lower().rstrip(".,").endswith("ask not"), texts

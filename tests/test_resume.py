@@ -358,9 +358,10 @@ def test_two_resumes_at_once_after_a_restart_take_back_one_session(tmp_path: Pat
 @pytest.mark.model
 def test_a_word_said_at_the_drop_is_not_lost(tiny_en: Engine, jfk: np.ndarray) -> None:
     """JFK with the real model, the connection dropped 5.5 s in, half a second into "what your
-    country…", and the client back a second later: it resends from `received_bytes` and the
-    finals are those of the same stream without a drop. (Finalised at the drop, the half second
-    decoded to nothing and "what" was lost.)"""
+    country…" (the utterance open since "And so": "ask not" ends no sentence, so the pause
+    after it did not end it), and the client back a second later: it resends from
+    `received_bytes` and the finals are those of the same stream without a drop. (Finalised at
+    the drop, the half second decoded to nothing and "what" was lost.)"""
     pcm = (jfk * 32767).astype("<i2")
     cut = 5_500 * RATE // 1000
     # No partials: their stable words shape a final and depend on how fast this machine
@@ -382,18 +383,17 @@ def test_a_word_said_at_the_drop_is_not_lost(tiny_en: Engine, jfk: np.ndarray) -
             conn = await connect(url(daemon))
             token = json.loads(await conn.recv())["resume_token"]
             await send(conn, pcm[:cut].tobytes())
-            shown = finals_of(await recv_until(conn, "final", 1))
             await asyncio.sleep(0.5)
             drop(conn)
             await asyncio.sleep(1.0)
-            async with connect(resume_url(url(daemon), token, since=1)) as again:
+            async with connect(resume_url(url(daemon), token, since=0)) as again:
                 resumed = json.loads(await again.recv())
                 await send(again, pcm.tobytes()[resumed["received_bytes"] :])
                 await again.send(json.dumps({"type": "end"}))
                 after = await collect(again)
-        return [f["text"] for f in shown + after.of("final")]
+        return [f["text"] for f in after.of("final")]
 
     expected = asyncio.run(asyncio.wait_for(undropped(), 120))
     texts = asyncio.run(asyncio.wait_for(dropped(), 120))
-    assert len(texts) == 3 and texts[1].lower().startswith("what"), texts
+    assert "what your country" in texts[0].lower(), texts
     assert texts == expected

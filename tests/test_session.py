@@ -340,13 +340,57 @@ def test_the_endpoint_while_an_early_final_is_in_flight_waits_for_it() -> None:
     driver = Driver(vad=EARLY)
     session = driver.session
     early = ask_early_final(session)
-    session.receive_audio(s16(silence(0.6)))  # the endpoint
+    session.receive_audio(s16(silence(0.2)))  # past the endpoint (2.49 s), not the longer one
     assert not session.superseded(early)
     assert session.next_request() is None  # the early final is the final: no second decode
+    assert not session.take_messages()  # held: whether the words end a sentence is not known
     session.on_result(early, driver.decoder(early.engine_request))
-    finals = [m for m in session.take_messages() if isinstance(m, Final)]
-    assert len(finals) == 1 and finals[0].text and finals[0].end_ms == 2490
+    messages = session.take_messages()
+    finals = [m for m in messages if isinstance(m, Final)]
+    assert finals[0].text.endswith(".")  # they do: the utterance ends where the endpoint fell
+    assert len(finals) == 1 and finals[0].end_ms == 2490
+    assert [m.end_ms for m in messages if isinstance(m, SpeechStopped)] == [2490]
     assert session.next_request() is None
+
+
+def unfinished(request: EngineRequest) -> EngineResult:
+    """The fake engine's words with no full stop: a sentence that goes on."""
+    result = fake_decoder()(request)
+    return dataclasses.replace(result, text=result.text.rstrip("."))
+
+
+@pytest.mark.parametrize(("pause_s", "finals"), [(0.6, 1), (0.9, 2)])
+def test_a_pause_after_words_that_end_no_sentence_waits_for_the_longer_endpoint(
+    pause_s: float, finals: int
+) -> None:
+    """The early final at the pause writes no full stop: a pause shorter than
+    `unfinished_endpoint_silence_ms` (800 ms) leaves the utterance open, and the speech after
+    it is decoded with the words before it; a longer one ends it there."""
+    driver = Driver(unfinished, vad=EARLY)
+    for samples in (silence(0.5), tone(1.5), silence(pause_s), tone(1.0), silence(1.0)):
+        driver.send(samples)
+    driver.control(Control.END)
+    assert len(driver.of(Final)) == finals == len(driver.of(SpeechStopped))
+    if finals == 2:
+        assert driver.of(SpeechStopped)[0].end_ms == 1990 + 800  # the last voiced frame + 800
+
+
+def test_a_pause_after_a_sentence_ends_the_utterance_at_the_endpoint() -> None:
+    driver = Driver(vad=EARLY)  # the fake engine ends its words with a full stop at a pause
+    for samples in (silence(0.5), tone(1.5), silence(0.6), tone(1.0), silence(1.0)):
+        driver.send(samples)
+    driver.control(Control.END)
+    first, _ = driver.of(Final)
+    assert first.text.endswith(".") and first.end_ms == 2490
+
+
+def test_without_early_finals_the_endpoint_waits_for_no_sentence() -> None:
+    # Nothing would say whether the words end a sentence (`captiond transcribe`).
+    driver = Driver(unfinished, vad=EARLY, partials=False, early_finals=False)
+    for samples in (silence(0.5), tone(1.5), silence(0.6), tone(1.0), silence(1.0)):
+        driver.send(samples)
+    driver.control(Control.END)
+    assert len(driver.of(Final)) == 2
 
 
 def test_end_during_the_pause_sends_the_early_final() -> None:
@@ -919,7 +963,7 @@ def test_a_decode_continues_from_the_previous_finals_audio_and_text() -> None:
         assert r.engine_request.prompt == ""
     # The fake engine numbers words from the window's start: the second final continues after
     # the first one's words and the silence between them.
-    assert int(second.split()[0][1:]) > int(first.split()[-1][1:]) + 1
+    assert int(second.split()[0][1:]) > int(first.split()[-1][1:].rstrip(".")) + 1
 
 
 def test_without_context_a_decode_hears_the_quiet_before_its_utterance() -> None:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from captiond.stabilize import LocalAgreement, keep_stable
 from captiond.text import (
     continuation,
+    ends_sentence,
     has_word,
     join_texts,
     join_units,
@@ -306,3 +307,27 @@ def test_a_text_that_only_repeats_the_end_of_what_came_before(
     text: str, before: str, repeats: bool
 ) -> None:
     assert repeats_the_end_of(text, before) is repeats
+
+
+@pytest.mark.parametrize(
+    ("text", "ends"),
+    [
+        ("And so, my fellow Americans, ask not what your country can do for you.", True),
+        ("Is it?", True),
+        ("¡Sí!", True),
+        ("«Hola.»", True),
+        ('He said "go."', True),
+        ("今日は晴れです。", True),
+        ("你好吗\uff1f", True),
+        ("هل أنت بخير؟", True),
+        ("यह ठीक है।", True),
+        ("And so my fellow Americans ask not", False),
+        ("Las arenas son blanquecinas,", False),
+        ("They may benefit from the...", False),
+        ("They may benefit from the…", False),
+        ("今日は、", False),
+        ("", False),
+    ],
+)
+def test_ends_sentence(text: str, ends: bool) -> None:
+    assert ends_sentence(text) is ends

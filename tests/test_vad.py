@@ -240,6 +240,51 @@ def test_a_long_utterance_ends_at_a_shorter_pause() -> None:
     ]
 
 
+UNFINISHED = VadConfig().unfinished_endpoint_silence_ms // FRAME_MS  # 26 frames
+
+
+def test_a_pause_waits_for_the_longer_endpoint_until_the_words_are_said_to_end_a_sentence() -> None:
+    """With `waits_for_sentences`, a pause ends the utterance at the endpoint only once the
+    session said the words before it end a sentence (at the endpoint, or later: the utterance
+    then ends where the endpoint fell); without a word from it, at the longer endpoint."""
+    script = [True] * 20 + [False] * 40 + [True] * 20 + [False] * 40
+    seg = segmenter(ScriptedVad(script))
+    seg.waits_for_sentences = True
+    feed(seg, [tone_frame()] * (20 + TAIL))
+    pause = seg.pause_sample
+    assert pause == (20 + TAIL) * FS
+    assert list(seg.sentence_ended(pause + FS)) == []  # not this pause: nothing
+    assert feed(seg, [tone_frame()] * (ENDPOINT + 2 - TAIL)) == []  # past the endpoint: held
+    (end,) = seg.sentence_ended(pause)  # the verdict comes: ended where the endpoint fell
+    assert end == UtteranceEnd(end_sample=(20 + ENDPOINT) * FS, decode_end_sample=pause)
+    feed(seg, [tone_frame()] * (40 - ENDPOINT - 2))
+    # The second utterance: no verdict, so only the longer endpoint ends it.
+    events = feed(seg, [tone_frame()] * 60)
+    (_, start), (at, second_end) = events
+    assert isinstance(start, UtteranceStart)
+    assert at == 20 + UNFINISHED - 1
+    assert second_end.end_sample == (80 + UNFINISHED) * FS
+
+
+def test_a_verdict_before_the_endpoint_is_kept_until_the_speaker_goes_on() -> None:
+    script = [True] * 20 + [False] * TAIL + [True] * 5 + [False] * 40
+    seg = segmenter(ScriptedVad(script))
+    seg.waits_for_sentences = True
+    feed(seg, [tone_frame()] * (20 + TAIL))
+    assert list(seg.sentence_ended((20 + TAIL) * FS)) == []  # before the endpoint: kept
+    # The speaker goes on: the verdict was for the words before, and the next pause waits.
+    events = feed(seg, [tone_frame()] * (5 + ENDPOINT))
+    assert events == []
+    (event,) = feed(seg, [tone_frame()] * (UNFINISHED - ENDPOINT))
+    assert event[1].end_sample == (20 + TAIL + 5 + UNFINISHED) * FS
+    seg = segmenter(ScriptedVad([True] * 20))  # the same, with no speech after the tail
+    seg.waits_for_sentences = True
+    feed(seg, [tone_frame()] * (20 + TAIL))
+    assert list(seg.sentence_ended((20 + TAIL) * FS)) == []
+    (event,) = feed(seg, [tone_frame()] * (ENDPOINT - TAIL))  # no speech: the endpoint ends it
+    assert event[1].end_sample == (20 + ENDPOINT) * FS
+
+
 def test_end_by_digital_silence() -> None:
     seg = segmenter(AlwaysVoiced())
     frames = [tone_frame()] * 20 + [silent_frame()] * ENDPOINT

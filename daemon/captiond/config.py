@@ -78,6 +78,15 @@ class VadConfig:
     start_voiced_ratio: float = 0.9
     preroll_ms: int = 300
     endpoint_silence_ms: int = 500
+    # A pause after words that end no sentence ends the utterance only after this much
+    # silence: a speaker who pauses within a sentence has its end heard before the sentence
+    # is final (a final is never revised; a first half decoded alone loses words the whole
+    # sentence would have given them). Whether the words end one, the early final's text
+    # says (a closing mark: text.ends_sentence); until its decode answers, the utterance is
+    # held too, which costs no time, since its final waits for that decode anyway. A turn
+    # that ends a sentence still ends at `endpoint_silence_ms`. `endpoint_silence_ms` or less
+    # turns it off, and so do streams without early finals (`captiond transcribe`).
+    unfinished_endpoint_silence_ms: int = 800
     # Once an utterance is this long, a shorter pause ends it: a reader's or lecturer's
     # sentences rarely leave 500 ms, and without this every utterance ran to the cap, was cut
     # and decoded 20 s of new speech at once (LJ reading: final p50 2.0 s).
@@ -420,6 +429,7 @@ RANGES: dict[type[Any], dict[str, Range]] = {
         "start_voiced_ratio": Range(0, 1, low_open=True),
         "preroll_ms": _NON_NEGATIVE,
         "endpoint_silence_ms": _FRAMES,
+        "unfinished_endpoint_silence_ms": _FRAMES,
         # Utterances are at most one Whisper window long: 30 s turns the long endpoint off.
         "long_utterance_s": _WINDOW,
         "long_endpoint_silence_ms": _FRAMES,

@@ -17,7 +17,9 @@ context's prefix, is decoded again without it (`_ask_again_alone`).
 
 A final's decode covers its utterance up to `final_tail_ms` of silence (vad.py), so it can
 start before the endpoint confirms the utterance over: an early final. If the endpoint comes
-with no speech in between, its result is the final; if the speaker goes on, it is dropped.
+with no speech in between, its result is the final; if the speaker goes on, it is dropped. Its
+text also sets the endpoint: a pause after words that end no sentence ends the utterance only at
+`unfinished_endpoint_silence_ms`, so a sentence a speaker pauses in is decoded whole.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from captiond.protocol import (
 from captiond.stabilize import LocalAgreement, keep_stable
 from captiond.text import (
     continues_with_hyphen,
+    ends_sentence,
     has_word,
     join_texts,
     join_units,
@@ -208,6 +211,8 @@ class StreamSession:
         self._buffer = AudioBuffer(origin.start_sample)
         self._framer = Framer()
         self._segmenter = VadSegmenter(vad, config.vad, config.stream, origin.start_sample)
+        # An early final says whether a pause ended a sentence (_take_final).
+        self._segmenter.waits_for_sentences = early_finals
         self._partial_interval_samples = ms_to_samples(config.stream.partial_interval_ms)
         self._pause_samples = ms_to_samples(min(_PAUSE_MS, config.vad.final_tail_ms))
         # Partials stop where a capped utterance may be cut (vad.py: the quietest frame of the
@@ -731,6 +736,11 @@ class StreamSession:
             return
         if early:
             utt.early = (request, text)
+            # Words that end a sentence (or no words: nothing to go on with) let the pause end
+            # the utterance at the endpoint; others wait for the longer one (VadConfig).
+            if ends_sentence(text) or not has_word(text):
+                self._handle_vad(self._segmenter.sentence_ended(request.end_sample))
+                self._finish_answered()  # ended by this: its final is this decode's
         else:
             self._finish(self._closed.popleft(), request, decoded=text)
 

@@ -83,6 +83,24 @@ def only_punctuation(text: str) -> bool:
     return all(_edge(char) for char in text)
 
 
+# What ends a sentence in the scripts Whisper writes: the full stop, question and exclamation
+# marks; their ideographic, full-width and half-width forms (Chinese, Japanese); the Arabic
+# question mark and full stop (Urdu); the Devanagari danda and double danda.
+_SENTENCE_ENDS = frozenset(".?!\u3002\uff1f\uff01\uff61\u061f\u06d4\u0964\u0965")
+# What may close a sentence after its mark: quotes, guillemets, brackets, corner brackets.
+_CLOSERS = frozenset("\"')]\u2019\u201d\u00bb\u300d\u300f\uff09")
+
+
+def ends_sentence(text: str) -> bool:
+    """Whether `text` ends with a sentence's closing mark ("… again.", "…ですか。", "«Sí.»"). An
+    ellipsis does not end one: Whisper writes it where speech trails off and goes on ("from
+    the... situation")."""
+    end = text.rstrip()
+    while end and end[-1] in _CLOSERS:
+        end = end[:-1]
+    return end[-1:] in _SENTENCE_ENDS and not end.endswith(("..", "…"))
+
+
 def plain_text(text: str) -> str:
     """`text`'s letters, digits and combining marks, lower-cased, with nothing between them:
     what two writings of the same words share ("Thank you." and "thank you", "止めた。" and

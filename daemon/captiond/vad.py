@@ -75,11 +75,14 @@ class VadSegmenter:
     whichever is earlier (never before the previous utterance's end).
     End: `endpoint_silence_ms` of unvoiced frames, or `long_endpoint_silence_ms` once the
     utterance is `long_utterance_s` long (continuous speech is better ended at a short pause
-    than cut at the cap). Its final decodes `final_tail_ms` of that silence at most, which
-    Whisper decodes better than a hard cut; `pause_sample` tells when that much has come, so
-    the final's decode can start before the endpoint. Cap: at `max_utterance_s` the utterance
-    is cut at the quietest frame of the last `cut_search_s`, so no word is split and every
-    decode fits one 30 s Whisper window.
+    than cut at the cap). With `waits_for_sentences` (its session asks for early finals), a
+    pause that has not ended a sentence ends the utterance only at
+    `unfinished_endpoint_silence_ms`: the session says with `sentence_ended` when the early
+    final decoded up to the pause ends one, and until then the pause has not. Its final decodes
+    `final_tail_ms` of that silence at most, which Whisper decodes better than a hard cut;
+    `pause_sample` tells when that much has come, so the final's decode can start before the
+    endpoint. Cap: at `max_utterance_s` the utterance is cut at the quietest frame of the last
+    `cut_search_s`, so no word is split and every decode fits one 30 s Whisper window.
     Push to talk: while `ends_at_pauses` is False, no pause ends an utterance (and no early
     final is due); the client's finalize does (`flush`), or the cap. A finalize also ends
     speech the start window has not confirmed: a "yes" shorter than the window, said before
@@ -99,6 +102,9 @@ class VadSegmenter:
         self._start_voiced = int(np.ceil(vad_config.start_voiced_ratio * self._window_frames))
         self._preroll_samples = ms_to_samples(vad_config.preroll_ms)
         self._endpoint_frames = max(1, vad_config.endpoint_silence_ms // FRAME_MS)
+        self._unfinished_endpoint_frames = max(
+            self._endpoint_frames, vad_config.unfinished_endpoint_silence_ms // FRAME_MS
+        )
         self._long_samples = ms_to_samples(vad_config.long_utterance_s * 1000)
         self._long_endpoint_frames = max(1, vad_config.long_endpoint_silence_ms // FRAME_MS)
         self._tail_frames = max(1, vad_config.final_tail_ms // FRAME_MS)
@@ -119,6 +125,10 @@ class VadSegmenter:
         # (frame start sample, dBFS) of the open utterance's recent frames, for the cap's cut.
         self._recent: deque[tuple[int, float]] = deque(maxlen=self._cut_search_frames)
         self.ends_at_pauses = True
+        self.waits_for_sentences = False
+        # The decode end (`pause_sample`) of the pause the session said ends a sentence: a
+        # voiced frame moves the pause on, and the word said then is unjudged again.
+        self._sentence_end_sample: int | None = None
 
     @property
     def in_utterance(self) -> bool:
@@ -203,12 +213,7 @@ class VadSegmenter:
         else:
             self._silent_frames += 1
         length_samples = frame_end - self._start_sample
-        endpoint_frames = (
-            self._long_endpoint_frames
-            if length_samples >= self._long_samples
-            else self._endpoint_frames
-        )
-        if self.ends_at_pauses and self._silent_frames >= endpoint_frames:
+        if self.ends_at_pauses and self._silent_frames >= self._endpoint_frames_at(length_samples):
             yield self._close(frame_end)
         elif length_samples >= self._max_samples:
             cut = self._quietest_cut()
@@ -217,6 +222,19 @@ class VadSegmenter:
             yield UtteranceStart(
                 start_sample=cut, speech_start_sample=cut, lead_sample=cut, continues=True
             )
+
+    def sentence_ended(self, pause_sample: int) -> Iterator[VadEvent]:
+        """The words before the pause whose final decode ends at `pause_sample` end a sentence
+        (the early final's text says so): the pause ends the utterance at the endpoint, now if
+        it is that long already. Nothing if the speaker went on since."""
+        if self._start_sample is None or pause_sample != self._decode_end_sample():
+            return
+        self._sentence_end_sample = pause_sample
+        length_samples = self._next_frame_sample - self._start_sample
+        endpoint_frames = self._endpoint_frames_at(length_samples)
+        if self.ends_at_pauses and self._silent_frames >= endpoint_frames:
+            # Where the endpoint would have closed it had the verdict come in time.
+            yield self._close(self._voiced_end_sample + endpoint_frames * FRAME_SAMPLES)
 
     def flush(self, end_sample: int, *, begun: bool = False) -> Iterator[VadEvent]:
         """Close the open utterance at `end_sample` (finalize, or end of stream). With `begun`
@@ -237,7 +255,16 @@ class VadSegmenter:
         self._first_voiced_sample = None
         self._silent_frames = 0
         self._voiced_end_sample = self._next_frame_sample
+        self._sentence_end_sample = None
         self._recent.clear()
+
+    def _endpoint_frames_at(self, length_samples: int) -> int:
+        """The silence that ends the open utterance, `length_samples` long, now."""
+        if length_samples >= self._long_samples:
+            return self._long_endpoint_frames
+        if self.waits_for_sentences and self._sentence_end_sample != self._decode_end_sample():
+            return self._unfinished_endpoint_frames
+        return self._endpoint_frames
 
     def _decode_end_sample(self) -> int:
         return self._voiced_end_sample + self._tail_frames * FRAME_SAMPLES

@@ -25,8 +25,9 @@ What differs from OpenAI, and why:
   always starts with the stable words). `.completed` carries the final's full text and comes
   after the item's `committed`. Deltas may come before `committed`: the daemon transcribes as
   the audio arrives instead of after the commit.
-- `server_vad` and `semantic_vad` are the daemon's VAD ([vad] config; `server_vad` parameters
-  and `semantic_vad` are taken as plain `server_vad`). With `turn_detection: null` (push to
+- `server_vad` and `semantic_vad` are the daemon's VAD ([vad] config, whose endpoint waits
+  longer after words that end no sentence, as `semantic_vad` does; `server_vad` parameters and
+  `semantic_vad`'s eagerness are not applied). With `turn_detection: null` (push to
   talk) no speech events are sent and only `.commit` ends an item (Control.FINALIZE), however
   long the speaker pauses: one item per commit. The VAD still finds where speech begins (the
   silence before it is not decoded, and a commit of silence alone makes no item), and an item

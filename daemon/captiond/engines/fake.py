@@ -3,7 +3,9 @@
 Runs on the engine thread like any engine. Each 250 ms of audio louder than -50 dBFS becomes one
 word `wN` (N counts from the start of the request's audio), so longer decodes of the same
 utterance extend the previous text, as Whisper's would. As Whisper's prefix does, a request's
-prefix stands for the first words of its audio: the result holds only the words after it.
+prefix stands for the first words of its audio: the result holds only the words after it. A
+decode whose audio ends in 250 ms of quiet ends a sentence there, as Whisper's mostly do where a
+speaker stopped: its last word gets a full stop (the session's endpoint reads it: vad.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from captiond.engines import EngineRequest, EngineResult, PhaseTimes
 from captiond.protocol import WHISPER_LANGUAGES
 
 WORD_SAMPLES = 4_000
+_LOUD_POWER = 10 ** (-50 / 10)  # mean square of -50 dBFS
 
 
 class FakeEngine:
@@ -70,11 +73,14 @@ class FakeEngine:
         chunks = request.audio[: n_words * WORD_SAMPLES].reshape(n_words, WORD_SAMPLES)
         # One pass with no temporary array (einsum: half the time of mean(square)): capacity
         # benches measure the daemon, not this engine. Mean square against -50 dBFS squared.
-        loud = np.einsum("ij,ij->i", chunks, chunks) / WORD_SAMPLES > 10 ** (-50 / 10)
+        loud = np.einsum("ij,ij->i", chunks, chunks) / WORD_SAMPLES > _LOUD_POWER
         words = [f"w{i}" for i in np.flatnonzero(loud)]
         new = words[len(request.prefix.split()) :]
+        tail = request.audio[-WORD_SAMPLES:]  # the last 250 ms: quiet where a speaker stopped
+        quiet = float(np.dot(tail, tail)) / WORD_SAMPLES <= _LOUD_POWER
+        stopped = len(tail) == WORD_SAMPLES and quiet
         return EngineResult(
-            text=" ".join(new),
+            text=" ".join(new) + ("." if new and stopped else ""),
             avg_logprob=-0.1,
             no_speech_prob=0.01,
             language=request.language or "en",  # English-only, as tiny.en
