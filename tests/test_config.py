@@ -254,7 +254,7 @@ def _section_strategy(cls: type[Any]) -> st.SearchStrategy[Any]:
         elif f.name == "event_loop":
             fields[f.name] = st.sampled_from(EVENT_LOOPS)
         elif f.name == "language":
-            fields[f.name] = st.sampled_from(["en", "de", "yue", "auto"])
+            fields[f.name] = st.sampled_from(["en", "de", "yue", "auto", "en,de"])
         elif f.name == "chinese_variant":
             fields[f.name] = st.sampled_from(["", *VARIANTS])
         elif isinstance(default, bool):
@@ -283,6 +283,17 @@ def test_dump_toml_round_trips_any_values(
 
     config = Config(server=server, vad=vad, stream=stream, engine=engine, auth=auth)
     assert config_from_mapping(tomllib.loads(dump_toml(config))) == config
+
+
+def test_the_languages_to_detect_among_are_written_as_the_daemon_passes_them_on() -> None:
+    config = config_from_mapping({"stream": {"language": "en,de"}})
+    assert config.stream.language == "en,de"
+    with pytest.raises(ConfigError, match='write "en,de"'):
+        config_from_mapping({"stream": {"language": "en, DE"}})
+    with pytest.raises(ConfigError, match='write "en,zh" and chinese_variant = "zh-TW"'):
+        config_from_mapping({"stream": {"language": "en,zh-TW"}})
+    with pytest.raises(ConfigError, match="not 'auto'"):
+        config_from_mapping({"stream": {"language": "en,auto"}})
 
 
 @pytest.mark.parametrize("escape", ["\\n", "\\u0007", "\\u007f"])

@@ -386,6 +386,8 @@ def test_an_update_to_a_language_the_model_cannot_caption_is_refused() -> None:
     update = {"type": "UpdateConfiguration", "language_codes": ["es"]}
     with pytest.raises(BadMessageError, match=r"tiny\.en is English-only"):
         dialect.receive(json.dumps(update))
+    with pytest.raises(BadMessageError, match=r"tiny\.en is English-only"):
+        dialect.receive(json.dumps({**update, "language_codes": ["en", "es"]}))
     english = dialect.receive(json.dumps({**update, "language_codes": ["en"]}))
     assert english.language == "en"
     # Cantonese on a model before large-v3, as base.
@@ -393,6 +395,10 @@ def test_an_update_to_a_language_the_model_cannot_caption_is_refused() -> None:
     dialect.stream_params("en", base.check_can)
     with pytest.raises(BadMessageError, match="does not know language 'yue'"):
         dialect.receive(json.dumps({**update, "language_codes": ["yue"]}))
+    with pytest.raises(BadMessageError, match="does not know language 'yue'"):
+        dialect.receive(json.dumps({**update, "language_codes": ["zh", "yue"]}))
+    several = dialect.receive(json.dumps({**update, "language_codes": ["en", "zh_TW"]}))
+    assert several.language == "en,zh-TW"
 
 
 @pytest.mark.parametrize(
@@ -427,8 +433,9 @@ def test_update_configuration_and_query_parameters() -> None:
     dialect = AssemblyAIDialect({"sample_rate": "48000", "language_codes": '["de"]'})
     params = dialect.stream_params("en")
     assert (params.sample_rate_hz, params.encoding, params.language) == (48000, "pcm_s16le", "de")
+    # Several: every expected language, each utterance's detected among them.
     several = AssemblyAIDialect({"language_codes": '["en", "es"]'}).stream_params("en")
-    assert several.language == "auto"
+    assert (several.language, several.candidates) == ("auto", ("en", "es"))
     # The multilingual model with detection and no language named detects it.
     detect = {"speech_model": "universal-streaming-multilingual", "language_detection": "true"}
     assert AssemblyAIDialect(detect).stream_params("en").language == "auto"

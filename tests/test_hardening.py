@@ -474,12 +474,13 @@ def test_a_bug_reading_one_stream_ends_it_cleanly_and_frees_its_slot(
 
 
 def test_a_language_the_model_cannot_caption_is_refused_when_the_stream_opens() -> None:
-    """The fake engine is English-only, as tiny.en: Spanish would decode to nothing, silently;
-    a code Whisper does not know once failed the stream at its first decode (engine_failed)."""
+    """The fake engine is English-only, as tiny.en: Spanish, even as one of the languages to
+    detect among, would decode to nothing, silently; a code Whisper does not know once failed
+    the stream at its first decode (engine_failed)."""
 
     async def scenario() -> tuple[Exchange, Exchange, int | None, Exchange, Exchange]:
         async with running_daemon() as daemon:
-            spanish = await stream_pcm(url(daemon, query="language=es"), tone_bursts([1.0]))
+            spanish = await stream_pcm(url(daemon, query="language=en,es"), tone_bursts([1.0]))
             unknown = await stream_pcm(url(daemon, query="language=xx"), tone_bursts([1.0]))
             deepgram = await refused_status(
                 f"ws://127.0.0.1:{daemon.port}/v1/listen?encoding=linear16&sample_rate=16000"

@@ -3,13 +3,15 @@ the language is detected per utterance and never flaps, the text is as good as f
 on the whole clip with the language given, Chinese is written in the script asked for, and
 `task=translate` gives English.
 
-One clip of 3 s or more per language (of eight, four scripts), streamed with ?language=auto.
+One clip of 3 s or more per language (of eight, four scripts), streamed with ?language=auto;
+accented English detected among the languages named (`?language=en,es,de,fr`).
 The per-language figures over the whole corpus come from `captiond bench languages`."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from captiond.bench.common import select_clips, spoken_faster
 from captiond.bench.languages import detected_language, flaps
 from captiond.bench.wer import WerCounts, language_errors
 from captiond.chinese import written
+from captiond.cli import main as cli_main
 from captiond.config import StreamConfig
 from captiond.engines import Engine, load_engine
 from captiond.engines.faster_whisper import transcribe_whole_file
@@ -192,6 +195,45 @@ def test_a_sentence_a_reader_pauses_in_is_one_final(engine: Engine, speech_multi
     messages = stream(engine, pcm, "language=es")
     finals = [m["text"] for m in messages if m["type"] == "final" and m["text"]]
     assert len(finals) == 1 and "asistencia" in finals[0], finals
+
+
+def test_english_with_an_accent_stays_english_among_the_languages_named(
+    engine: Engine, speech_dir: Path, speech_manifest: list[dict[str, Any]]
+) -> None:
+    """A speechocean762 reader (Mandarin speakers reading English): base hears the first 3 s
+    as Chinese at about 0.9 and writes characters. Among the meeting's languages
+    (`?language=en,es,de,fr`), it is English, and nearer what was said."""
+    (clip,) = [m for m in speech_manifest if m["id"] == "speechocean762_test_096010005"]
+    pcm = read_wav_int16(speech_dir / clip["file"])
+
+    def finals(query: str) -> list[dict[str, Any]]:
+        return [m for m in stream(engine, pcm, query) if m["type"] == "final" and m["text"]]
+
+    heard, among = finals("language=auto"), finals("language=en,es,de,fr")
+    print([(m["language"], m["text"]) for m in heard + among])
+    assert heard and {m["language"] for m in heard} == {"zh"}
+    assert among and {m["language"] for m in among} == {"en"}
+    text = " ".join(m["text"] for m in among)
+    assert text.isascii(), text
+    as_chinese = language_errors(clip["text"], " ".join(m["text"] for m in heard), "en")
+    assert language_errors(clip["text"], text, "en").errors < as_chinese.errors
+
+
+def test_bench_languages_detects_among_the_languages_named(
+    speech_dir: Path, tmp_path: Path
+) -> None:
+    """`bench languages --detect-among` streams the detected run with that list; the English
+    corpus's clips, which name no language, count as English."""
+    clip_id = "speechocean762_test_096010005"
+    argv = ["bench", "languages", "--manifest", str(speech_dir / "manifest.jsonl")]
+    argv += ["--clips", clip_id, "--model", "base", "--speed", "4", "--out", str(tmp_path)]
+    assert cli_main([*argv, "--detect-among", "en,es"]) == 0
+    (path,) = tmp_path.glob("languages-*.json")
+    data = json.loads(path.read_text())
+    assert data["detect_among"] == "en,es"
+    clip = data["clips"][clip_id]
+    assert (clip["language"], clip["detected"]) == ("en", "en")
+    assert clip["auto_text"].isascii(), clip["auto_text"]
 
 
 @pytest.mark.parametrize(("clip_id", "english"), [("de_fleurs_001", "dinosaur")])

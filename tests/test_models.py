@@ -428,6 +428,8 @@ def test_an_english_only_model_given_as_dot_still_refuses_to_translate(
     assert "the model tiny.en is English-only" in capsys.readouterr().err
     assert cli_main(["transcribe", *common, "--language", "de"]) == 2
     assert "the model tiny.en" in capsys.readouterr().err
+    assert cli_main(["transcribe", *common, "--language", "en,de"]) == 2
+    assert "the model tiny.en is English-only: language 'de'" in capsys.readouterr().err
 
 
 def test_a_hub_that_cannot_be_reached_exits_1_so_that_the_service_retries(

@@ -88,6 +88,23 @@ def test_language_tags_become_whisper_codes(tag: str, code: str) -> None:
     assert parse_stream_params({"language": tag}, "en").language == code
 
 
+def test_a_list_of_languages_is_detected_among_them() -> None:
+    """`?language=en,de` is "auto" among those languages, in the order given, once each; a tag
+    naming a Chinese script keeps it."""
+    params = parse_stream_params({"language": "en, DE,zh-TW,de"}, "en")
+    assert (params.language, params.candidates) == ("auto", ("en", "de", "zh"))
+    assert (params.chinese_variant, params.language_setting) == ("zh-TW", "en,de,zh")
+    assert parse_stream_params({}, "es,pt").candidates == ("es", "pt")
+    assert parse_stream_params({"language": "auto"}, "en").language_setting == "auto"
+    assert parse_stream_params({"language": "de"}, "en").candidates == ()
+
+
+@pytest.mark.parametrize("language", ["en,auto", "en,", ",", "en,xx", "en;de"])
+def test_a_bad_list_of_languages_is_refused(language: str) -> None:
+    with pytest.raises(BadMessageError, match="language"):
+        parse_stream_params({"language": language}, "en")
+
+
 def test_bad_params_errors_carry_protocol_codes() -> None:
     with pytest.raises(BadAudioError) as audio:
         parse_stream_params({"encoding": "x"}, "en")

@@ -305,15 +305,17 @@ async def _stopped_for_a_restart(
     return port, ready
 
 
+@pytest.mark.parametrize("query", ["language=de", "language=en,de"])
 def test_a_resume_after_a_restart_on_a_model_without_its_language_is_refused(
-    tmp_path: Path,
+    tmp_path: Path, query: str
 ) -> None:
-    """A German session stopped for a restart on an English-only model: its resume is refused
-    as a German stream's connect would be, instead of decoding German as English (or, with a
-    language the model has no token for, failing the batch of every stream with it)."""
+    """A German session (or one detected among English and German) stopped for a restart on
+    an English-only model: its resume is refused as its stream's connect would be, instead of
+    decoding German as English (or, with a language the model has no token for, failing the
+    batch of every stream with it)."""
 
     async def scenario() -> tuple[dict[str, Any], int | None]:
-        port, ready = await _stopped_for_a_restart(tmp_path, "language=de", RecordingEngine())
+        port, ready = await _stopped_for_a_restart(tmp_path, query, RecordingEngine())
         english_only = RecordingEngine(multilingual=False)
         config = _journaled(tmp_path, port=port)
         async with running_daemon(config, engine=english_only) as daemon:
@@ -325,7 +327,7 @@ def test_a_resume_after_a_restart_on_a_model_without_its_language_is_refused(
 
     first, code = run(scenario())
     assert first["type"] == "error" and first["code"] == "bad_message"
-    assert "English-only" in first["message"] and code == 1008
+    assert "English-only: language 'de'" in first["message"] and code == 1008
 
 
 def test_two_resumes_at_once_after_a_restart_take_back_one_session(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from captiond.engines import (
     EngineResult,
     begins_with_space,
     choose_language,
+    request_language,
     token_counter,
 )
 from captiond.engines.fake import FakeEngine
@@ -35,6 +36,7 @@ from captiond.protocol import (
     SpeechStarted,
     SpeechStopped,
     StreamParams,
+    parse_stream_params,
 )
 from captiond.session import DecodeRequest, SessionState, StreamOrigin, StreamSession
 from captiond.text import units
@@ -1609,6 +1611,39 @@ def test_an_utterance_too_short_to_tell_is_decoded_in_the_session_language() -> 
     assert all(p.language == "de" for p in driver.of(Partial) if p.segment == 1)
 
 
+def test_the_languages_to_detect_among_reach_the_engine() -> None:
+    """`?language=en,de`: each detection is among them (Whisper hears Chinese here, a Chinese
+    accent's English); a session update to others drops a session language outside them."""
+    heard = {"zh": 0.6, "en": 0.3, "de": 0.1}
+    seen: list[EngineRequest] = []
+
+    def decode(request: EngineRequest) -> EngineResult:
+        seen.append(request)
+        result = fake_decoder()(request)
+        if request.language is not None:
+            return dataclasses.replace(result, language=request.language)
+        choice = request_language(request, heard)
+        return dataclasses.replace(
+            result, language=choice.language, language_probability=choice.probability
+        )
+
+    params = parse_stream_params({"language": "en,de"}, "en")
+    driver = Driver(decode, params=params, stream=NO_CONTEXT)
+    driver.send(tone(4.0))
+    driver.send(silence(1.0))
+    assert [f.language for f in driver.of(Final)] == ["en"]
+    assert {r.candidates for r in seen} == {("en", "de")}
+    driver.session.set_language("de,fr")
+    seen.clear()
+    driver.send(tone(4.0))
+    driver.send(silence(1.0))
+    driver.control(Control.END)
+    assert [f.language for f in driver.of(Final)] == ["en", "de"]
+    detecting = [r for r in seen if r.language is None]
+    assert detecting and all(r.language_hint is None for r in detecting), "en is not a candidate"
+    assert {r.candidates for r in seen} == {("de", "fr")}
+
+
 def test_fixed_language_and_translate_reach_the_engine() -> None:
     decoder, seen = detecting_decoder(["es"])
     driver = Driver(decoder, params=StreamParams(language="es", task="translate"))
@@ -1701,6 +1736,23 @@ def test_choose_language_switches_on_the_odds_of_consecutive_utterances(
         assert choice.switch_nats < LANGUAGE_SWITCH_NATS
 
 
+def test_choose_language_among_candidates() -> None:
+    """Candidates renormalize Whisper's probabilities over their own tokens: the odds between
+    two stay, so the switch rule reads the same evidence; a hint outside them is no hint."""
+    heard = {"zh": 0.6, "en": 0.3, "de": 0.1}
+    choice = choose_language(heard, None, candidates=("de", "en"))
+    assert (choice.language, choice.probability) == ("en", pytest.approx(0.75))
+    assert choose_language(heard, "zh", candidates=("de", "en")).language == "en"
+    kept = choose_language(heard, "de", candidates=("de", "en"))
+    assert (kept.language, kept.switch_language) == ("de", "en")
+    assert kept.switch_nats == pytest.approx(math.log(3))
+    assert choose_language(heard, "de", candidates=("de", "fr")).language == "de"
+    assert choose_language(heard, "de", candidates=("fr",)).language == "de", "none it knows"
+    # All of them underflowed: equally likely among themselves.
+    none = choose_language({"zh": 1.0, "en": 0.0, "de": 0.0}, None, candidates=("en", "de"))
+    assert (none.language, none.probability) == ("en", 0.5)
+
+
 def test_the_evidence_for_a_switch_adds_up_over_consecutive_utterances_only() -> None:
     """A Spanish session: an utterance heard as Portuguese at 0.72 (Spanish 0.14) is decoded in
     Spanish; one heard as Spanish clears the evidence, so the next unsure one is Spanish again;
@@ -1717,12 +1769,7 @@ def test_the_evidence_for_a_switch_adds_up_over_consecutive_utterances_only() ->
             return dataclasses.replace(result, language=request.language)
         start = request.end_sample - (len(request.audio) - request.detect_from_sample)
         detections.setdefault(start, []).append(request)
-        choice = choose_language(
-            heard[len(detections) - 1],
-            request.language_hint,
-            request.switch_language,
-            request.switch_nats,
-        )
+        choice = request_language(request, heard[len(detections) - 1])
         return dataclasses.replace(
             result,
             language=choice.language,

@@ -419,6 +419,7 @@ def test_decode_and_result_messages_cross_the_link_whole() -> None:
         language_hint="fr",
         switch_language="it",
         switch_nats=1.5,
+        candidates=("de", "fr"),
         detect_from_sample=160,
         task="translate",
         prompt="Vorher.",

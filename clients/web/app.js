@@ -186,7 +186,7 @@ async function startMicrophone() {
 
 function streamUrl(m) {
   const params = { sample_rate: "16000", encoding: "pcm_s16le" };
-  // /?language=auto (or de, zh-TW, …) and /?task=translate reach the daemon as they are; the
+  // /?language=auto (or de, zh-TW, en,de, …) and /?task=translate reach the daemon as they are; the
   // names and terms are the field's (filled from /?prompt=…).
   for (const key of ["language", "task"]) if (query.get(key)) params[key] = query.get(key);
   const prompt = ui.prompt.value.trim();

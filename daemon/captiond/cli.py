@@ -68,7 +68,8 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--language",
         help="spoken language (en, de, zh-TW, …) or auto: detected per utterance"
-        " (multilingual models); default [stream] language, en",
+        " (multilingual models), or a list (en,de): detected among those;"
+        " default [stream] language, en",
     )
     parser.add_argument(
         "--prompt",
@@ -82,14 +83,12 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
 
 def _config_from(args: argparse.Namespace) -> Config:
     # A tag naming a Chinese variant (zh-TW) sets both, as `?language=zh-TW` does.
-    language, chinese_variant = (
-        (None, None) if args.language is None else parse_language(args.language)
-    )
+    language = None if args.language is None else parse_language(args.language)
     config = override(
         load_config(args.config),
         "stream",
-        language=language,
-        chinese_variant=chinese_variant,
+        language=None if language is None else language.setting,
+        chinese_variant=None if language is None else language.chinese_variant,
         prompt=args.prompt,
     )
     return override(
@@ -109,12 +108,13 @@ def _load_warm_engine(config: Config, task: str = "transcribe") -> Engine:
     # Before the warm-up: a language or task the model cannot do is refused without waiting.
     info = EngineInfo.of(engine)
     english_only = info.english_only
+    language = parse_language(config.stream.language)
     try:
-        info.check_can(parse_language(config.stream.language)[0], task)
+        info.check_can(language.code, task, language.candidates)
     except SessionError as exc:
         engine.close()
         raise ConfigError(f"--language / --task: {exc}") from None
-    if config.stream.language == AUTO_LANGUAGE and english_only:
+    if language.code == AUTO_LANGUAGE and english_only:
         log.warning("the model %s is English-only: language auto is English", english_only)
     engine.warmup()
     log.info(

@@ -144,7 +144,8 @@ class StreamConfig:
     # Beam search for partials: their stable words are kept by the final, so beam partials
     # bring streamed finals nearer the beam-5 decode, at several times a partial's CPU cost.
     partial_beam_size: int = 1
-    # "auto": detected per utterance (Whisper's language probabilities, multilingual models).
+    # "auto": detected per utterance (Whisper's language probabilities, multilingual models);
+    # "en,de": detected among those languages alone (protocol.parse_language).
     language: str = "en"
     # The script of Chinese captions (chinese.py): zh-Hans (simplified), zh-Hant, zh-TW, zh-HK
     # (traditional), or "" for whatever script Whisper writes, which can change from one
@@ -521,13 +522,16 @@ def _check_stream(stream: StreamConfig) -> None:
             f"max_utterance_s ({stream.max_utterance_s:g} s)"
         )
     try:
-        language, variant = parse_language(stream.language)
+        language = parse_language(stream.language)
     except BadMessageError as exc:
         raise ConfigError(f"[stream] {exc}") from None
-    if language != stream.language:
+    if language.setting != stream.language:
         # Written as the daemon passes it on (offline decodes, sources): a tag is split here.
+        variant = language.chinese_variant
         also = f' and chinese_variant = "{variant}"' if variant else ""
-        raise ConfigError(f'[stream] language {stream.language!r}: write "{language}"{also}')
+        raise ConfigError(
+            f'[stream] language {stream.language!r}: write "{language.setting}"{also}'
+        )
     if stream.chinese_variant and stream.chinese_variant not in VARIANTS:
         raise ConfigError(f'[stream] chinese_variant must be one of {", ".join(VARIANTS)} or ""')
     try:

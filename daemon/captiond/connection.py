@@ -401,7 +401,8 @@ class LiveStream:
                 if received.language is not None:
                     # Dialects refuse what the model cannot caption in their protocol's way;
                     # this guards the batch (a code without a token fails every stream in it).
-                    self._engine.check_can(parse_language(received.language)[0])
+                    language = parse_language(received.language)
+                    self._engine.check_can(language.code, candidates=language.candidates)
                     session.set_language(self._engine.stream_language(received.language))
                 if received.prompt is not None:
                     session.set_prompt(received.prompt)

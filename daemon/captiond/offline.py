@@ -18,7 +18,7 @@ from captiond.audio import ms_to_samples
 from captiond.config import Config
 from captiond.engines import DecodeKind, Engine, token_counter
 from captiond.engines.speech_gate import applies, gate
-from captiond.protocol import Control, Final, Partial, StreamParams
+from captiond.protocol import Control, Final, Partial, daemon_stream_params
 from captiond.session import StreamSession
 from captiond.text import join_texts
 from captiond.vad import webrtc_vad
@@ -63,7 +63,7 @@ def transcribe_samples(
     session = StreamSession(
         config=config,
         vad=webrtc_vad(config.vad.aggressiveness),
-        params=StreamParams(language=config.stream.language, task=task),
+        params=daemon_stream_params(config.stream.language, task),
         partials=partials,
         # Without partials a file has no latency to save: an early final would only decode
         # again what the final decodes the same way (its audio ends at the same sample).

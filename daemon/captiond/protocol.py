@@ -11,7 +11,7 @@ import enum
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 from urllib.parse import parse_qsl
 
 from captiond import PROTOCOL
@@ -47,6 +47,9 @@ class StreamParams:
     sample_rate_hz: int = 16_000
     encoding: str = "pcm_s16le"
     language: str = "en"  # or "auto": detected per utterance
+    # With "auto": the languages it is detected among (`?language=en,de`), in the order given;
+    # empty: any the model knows.
+    candidates: tuple[str, ...] = ()
     # The script Chinese is written in, when the language tag named one (`?language=zh-TW`);
     # None: the daemon's `[stream] chinese_variant`.
     chinese_variant: str | None = None
@@ -58,6 +61,11 @@ class StreamParams:
     @property
     def auto_language(self) -> bool:
         return self.language == AUTO_LANGUAGE
+
+    @property
+    def language_setting(self) -> str:
+        """`language` as the client wrote it, Chinese variant aside ("de", "auto", "en,de")."""
+        return ",".join(self.candidates) or self.language
 
     @property
     def bytes_per_sample(self) -> int:
@@ -80,7 +88,7 @@ def parse_stream_params(query: Mapping[str, str], default_language: str) -> Stre
         raise BadAudioError(
             f"unsupported sample_rate {rate_hz}: use {MIN_SAMPLE_RATE_HZ}..{MAX_SAMPLE_RATE_HZ} Hz"
         )
-    language, chinese_variant = parse_language(query.get("language", default_language))
+    language = parse_language(query.get("language", default_language))
     task = query.get("task", "transcribe")
     if task not in TASKS:
         raise BadMessageError(f"task must be one of {', '.join(TASKS)}, got {task[:20]!r}")
@@ -88,17 +96,49 @@ def parse_stream_params(query: Mapping[str, str], default_language: str) -> Stre
     return StreamParams(
         sample_rate_hz=rate_hz,
         encoding=encoding,
-        language=language,
-        chinese_variant=chinese_variant,
+        language=language.code,
+        candidates=language.candidates,
+        chinese_variant=language.chinese_variant,
         task=task,
         prompt=None if prompt is None else check_prompt(prompt),
     )
 
 
-def parse_language(tag: str) -> tuple[str, str | None]:
+class LanguageSetting(NamedTuple):
+    """What a stream's `language` asks for: a Whisper language code or "auto", the languages
+    "auto" is detected among (empty: any), and the Chinese variant a tag names."""
+
+    code: str
+    candidates: tuple[str, ...] = ()
+    chinese_variant: str | None = None
+
+    @property
+    def setting(self) -> str:
+        """As `[stream] language` writes it: "de", "auto", or the candidates ("en,de")."""
+        return ",".join(self.candidates) or self.code
+
+
+def daemon_stream_params(language: str, task: str = "transcribe") -> StreamParams:
+    """The parameters of a stream the daemon opens itself (files, its microphone) in
+    `[stream] language` (`parse_language`) and `task`."""
+    setting = parse_language(language)
+    return StreamParams(language=setting.code, candidates=setting.candidates, task=task)
+
+
+def parse_language(value: str) -> LanguageSetting:
     """A language tag's Whisper language (`check_language`) and the Chinese variant it names
-    (`chinese.variant_of`: "zh-TW" is ("zh", "zh-TW"), "en-US" ("en", None))."""
-    return check_language(tag), variant_of(tag)
+    (`chinese.variant_of`: "zh-TW" is zh with "zh-TW", "en-US" en with none); or a
+    comma-separated list of tags ("en,de,zh-TW"): "auto", detected among them."""
+    tags = [tag.strip() for tag in value.split(",")]
+    if len(tags) == 1:
+        return LanguageSetting(check_language(value), (), variant_of(value))
+    codes = [check_language(tag) for tag in tags]
+    if AUTO_LANGUAGE in codes:
+        raise BadMessageError(
+            f"language {value[:40]!r}: a list names the languages to detect among, not 'auto'"
+        )
+    variant = next((v for v in map(variant_of, tags) if v), None)
+    return LanguageSetting(AUTO_LANGUAGE, tuple(dict.fromkeys(codes)), variant)
 
 
 def check_language(tag: str) -> str:

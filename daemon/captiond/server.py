@@ -73,6 +73,7 @@ from captiond.protocol import (
     Resumed,
     ResumeRequest,
     StreamParams,
+    parse_language,
     parse_resume,
     parse_since,
 )
@@ -422,7 +423,7 @@ class Daemon:
     def _stream_params(self, dialect: Dialect) -> StreamParams:
         engine = self.decoder.engine_info
         params = dialect.stream_params(self.config.stream.language, engine.check_can)
-        engine.check_can(params.language, params.task)
+        engine.check_can(params.language, params.task, params.candidates)
         return params
 
     def _open_stream(
@@ -457,7 +458,7 @@ class Daemon:
                 session=session_id,
                 peer=_peer(conn),
                 source=None,
-                language=params.language,
+                language=params.language_setting,
                 model=engine.model_name,
                 engine=engine.name,
                 stream={
@@ -610,10 +611,12 @@ class Daemon:
         gap_s = (datetime.now(UTC) - datetime.fromisoformat(str(end["at"]))).total_seconds()
         if gap_s > self.config.server.resume_s:
             raise ResumeFailedError(f"session {session_id} stopped {gap_s:.0f} s ago")
+        language = parse_language(str(header["language"]))
         params = StreamParams(
             sample_rate_hz=int(header["sample_rate"]),
             encoding=str(header["encoding"]),
-            language=str(header["language"]),
+            language=language.code,
+            candidates=language.candidates,
             # Journals written before these were kept transcribe with the daemon's prompt.
             task=str(header.get("task", "transcribe")),
             prompt=None if header.get("prompt") is None else str(header["prompt"]),
@@ -621,7 +624,7 @@ class Daemon:
         )
         # The daemon may have restarted on another model: refused as the stream's connect
         # would be (one the model cannot prompt would fail the batch of every stream with it).
-        self.decoder.engine_info.check_can(params.language, params.task)
+        self.decoder.engine_info.check_can(params.language, params.task, params.candidates)
         origin = StreamOrigin(
             start_sample=ms_to_samples(int(end["audio_ms"])),
             first_segment=int(end["segments"]),

@@ -270,15 +270,19 @@ class StreamSession:
 
     def set_language(self, language: str) -> None:
         """Decode the utterances from the next one on as `language` (a tag such as "de" or
-        "zh-TW", or "auto"), a session update of a vendor API."""
-        code, chinese_variant = parse_language(language)
+        "zh-TW", "auto", or the languages to detect among: "en,de"), a session update of a
+        vendor API."""
+        setting = parse_language(language)
         self._params = dataclasses.replace(
             self._params,
-            language=code,
-            chinese_variant=chinese_variant or self._stream.chinese_variant,
+            language=setting.code,
+            candidates=setting.candidates,
+            chinese_variant=setting.chinese_variant or self._stream.chinese_variant,
         )
         if not self._params.auto_language:
             self._language = self._params.language
+        elif setting.candidates and self._language not in setting.candidates:
+            self._language = None  # the conversation so far is in none of them
         self._switch = (None, 0.0)  # the client said what is spoken: no evidence against it
 
     def set_prompt(self, prompt: str) -> None:
@@ -608,6 +612,7 @@ class StreamSession:
                 language_hint=self._language,
                 switch_language=self._switch[0],
                 switch_nats=self._switch[1],
+                candidates=self._params.candidates,
                 detect_from_sample=utt.start_sample - context.start_sample,
                 task=self._params.task,
                 prompt=context.prompt,

@@ -31,7 +31,7 @@ from captiond.config import Config, SourceConfig
 from captiond.engines import EngineResult, token_counter
 from captiond.errors import EngineFailedError
 from captiond.journal import Journal, SessionJournal
-from captiond.protocol import Control, Done, Final, SourceStatus, StreamParams
+from captiond.protocol import Control, Done, Final, SourceStatus, daemon_stream_params
 from captiond.scheduler import Decoder, drive_session
 from captiond.session import DecodeRequest, SessionState, StreamSession
 from captiond.vad import Vad
@@ -73,7 +73,7 @@ class DaemonSource:
         self._session = StreamSession(
             config=config,
             vad=vad,
-            params=StreamParams(language=engine.stream_language(config.stream.language)),
+            params=daemon_stream_params(engine.stream_language(config.stream.language)),
             count_tokens=token_counter(engine.tokenizer_path),
         )
         self._wake = asyncio.Event()

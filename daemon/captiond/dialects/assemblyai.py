@@ -26,8 +26,9 @@ kept once the word is final. `confidence` (every word) is 1.0 and `end_of_turn_c
 prompt: the terms, comma-separated, which Whisper reads before every decode's previous text.
 
 Language: `language_code` or one of `language_codes` (a tag: "zh-TW" keeps the script of
-Chinese); several codes, `language_detection=true`, or a `speech_model` other than
-`universal-streaming-english` with no language named decode as "auto" (any language Whisper
+Chinese); several codes are the languages each utterance's is detected among (AssemblyAI's
+"every expected language"); `language_detection=true`, or a `speech_model` other than
+`universal-streaming-english`, with no language named decode as "auto" (any language Whisper
 knows); `universal-streaming-english` with none is English. The model itself is captiond's.
 
 Unsupported: pcm_mulaw and the compressed encodings (an error: captiond takes linear PCM);
@@ -60,7 +61,7 @@ from captiond.protocol import (
     ServerMessage,
     SpeechStarted,
     StreamParams,
-    check_language,
+    parse_language,
     parse_stream_params,
     prompt_of_terms,
 )
@@ -168,7 +169,9 @@ class AssemblyAIDialect:
         codes, keyterms = message.get("language_codes"), message.get("keyterms_prompt")
         language = None if codes is None else _language_of(codes)
         if language is not None:
-            self._can_caption(check_language(language))
+            setting = parse_language(language)
+            for code in (setting.code, *setting.candidates):
+                self._can_caption(code)
         prompt = None if keyterms is None else _prompt_of(keyterms)
         if format_turns is not None:
             self._format_turns = format_turns
@@ -301,14 +304,12 @@ def _flag(query: Mapping[str, str], name: str) -> bool:
 
 def _language_of(codes: object) -> str:
     """One code is that language, as a tag ("en_us" is "en-us"; "zh-TW" keeps naming the script
-    of Chinese); several are "auto" (captiond decodes one at a time)."""
+    of Chinese); several are the languages to detect among ("en,es": `parse_language`)."""
     if not (isinstance(codes, list) and codes and all(isinstance(c, str) and c for c in codes)):
         raise BadMessageError("Invalid Message: language_codes must be a list of language codes")
-    if len(codes) > 1:
-        return AUTO_LANGUAGE
-    tag = str(codes[0]).replace("_", "-")
-    check_language(tag)
-    return tag
+    tags = ",".join(str(code).replace("_", "-") for code in codes)
+    parse_language(tags)
+    return tags
 
 
 def _prompt_of(keyterms: object) -> str:

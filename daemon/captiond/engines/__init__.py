@@ -66,8 +66,9 @@ class EngineRequest:
     the first 30 s of `audio[detect_from_sample:]`, the utterance without its context) and to
     decode in the language `choose_language` picks given `language_hint`, the session's
     language so far, and `switch_language`/`switch_nats`, the evidence for another language
-    its earlier utterances left. An English-only model always decodes English. `task` is
-    "transcribe" or "translate" (to English).
+    its earlier utterances left, among `candidates` (empty: any language the model knows). An
+    English-only model always decodes English. `task` is "transcribe" or "translate" (to
+    English).
 
     `stream` names the stream the window is from, and `end_sample` is where it ends on that
     stream's sample clock: an engine may keep a stream's audio between its decodes (torch_graph
@@ -81,6 +82,7 @@ class EngineRequest:
     language_hint: str | None = None
     switch_language: str | None = None
     switch_nats: float = 0.0
+    candidates: tuple[str, ...] = ()
     detect_from_sample: int = 0
     task: str = "transcribe"
     prompt: str = ""
@@ -216,17 +218,21 @@ class EngineInfo:
         utterance's first partial)."""
         return "en" if self.english_only and tag.lower() == AUTO_LANGUAGE else tag
 
-    def check_can(self, language: str, task: str = "transcribe") -> None:
-        """Refuse (BadMessageError) a language code or task this model cannot do: it would
-        decode as nothing, silently, or (torch_graph, a code it has no token for) fail its
-        batch. English-only models take `en` and `auto`, and do not translate; a multilingual
-        one takes the codes it has tokens for (Cantonese, `yue`, came with large-v3)."""
-        check_model_language(language, self.english_only)
-        if self.known_languages and language not in (AUTO_LANGUAGE, *self.known_languages):
-            later = ": large-v3 and later do" if language == "yue" else ""
-            raise BadMessageError(
-                f"the model {self.model_name} does not know language {language!r}{later}"
-            )
+    def check_can(
+        self, language: str, task: str = "transcribe", candidates: Sequence[str] = ()
+    ) -> None:
+        """Refuse (BadMessageError) a language code, a candidate of `auto`, or a task this
+        model cannot do: it would decode as nothing, silently, or (torch_graph, a code it has
+        no token for) fail its batch. English-only models take `en` and `auto`, and do not
+        translate; a multilingual one takes the codes it has tokens for (Cantonese, `yue`, came
+        with large-v3)."""
+        for code in (language, *candidates):
+            check_model_language(code, self.english_only)
+            if self.known_languages and code not in (AUTO_LANGUAGE, *self.known_languages):
+                later = ": large-v3 and later do" if code == "yue" else ""
+                raise BadMessageError(
+                    f"the model {self.model_name} does not know language {code!r}{later}"
+                )
         if self.english_only and task == "translate":
             raise BadMessageError(
                 f"the model {self.model_name} is English-only: task 'translate' needs a "
@@ -360,11 +366,18 @@ def choose_language(
     hint: str | None,
     switch_language: str | None = None,
     switch_nats: float = 0.0,
+    candidates: Sequence[str] = (),
 ) -> LanguageChoice:
     """The language to decode in, from Whisper's language probabilities, the session's language
     so far (`hint`) and the evidence its earlier utterances left for another
     (`switch_language`, `switch_nats`): see `LANGUAGE_SWITCH_NATS`. The same rule in every
-    engine."""
+    engine. With `candidates`, only they are detected: their probabilities are renormalized,
+    as if Whisper's softmax were over their tokens alone (odds between two are unchanged)."""
+    among = {c: probabilities[c] for c in candidates if c in probabilities}
+    if among:
+        total = sum(among.values())
+        # All of them underflowed to 0: equally unlikely, so equally likely among themselves.
+        probabilities = {c: p / total if total else 1 / len(among) for c, p in among.items()}
     detected = max(probabilities, key=probabilities.__getitem__)
     if hint is None or hint not in probabilities or detected == hint:
         return LanguageChoice(detected, probabilities[detected])
@@ -375,6 +388,17 @@ def choose_language(
     if nats >= LANGUAGE_SWITCH_NATS:
         return LanguageChoice(detected, probabilities[detected])
     return LanguageChoice(hint, probabilities[hint], detected, nats)
+
+
+def request_language(request: EngineRequest, probabilities: dict[str, float]) -> LanguageChoice:
+    """`choose_language` for a request whose language was detected as `probabilities`."""
+    return choose_language(
+        probabilities,
+        request.language_hint,
+        request.switch_language,
+        request.switch_nats,
+        request.candidates,
+    )
 
 
 N_FRAMES = 3000  # one 30 s Whisper window of 10 ms mel frames

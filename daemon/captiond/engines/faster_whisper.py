@@ -30,10 +30,10 @@ from captiond.engines import (
     PhaseTimes,
     begins_with_space,
     case_variants,
-    choose_language,
     fit_prompt,
     new_token_budget,
     partial_token_cap,
+    request_language,
     text_tokens,
     unit_probabilities,
     window_frames,
@@ -164,7 +164,8 @@ class FasterWhisperEngine:
     def languages(self, requests: Sequence[EngineRequest]) -> list[LanguageChoice]:
         """The language each request decodes in, with its probability: given, or detected on
         the first 30 s of the utterance (one batched encode) and chosen with the session's
-        hint (`choose_language`). An English-only model decodes English."""
+        hint among the request's candidates (`choose_language`). An English-only model decodes
+        English."""
         if not self.multilingual:
             return [LanguageChoice("en", 1.0)] * len(requests)
         chosen = [LanguageChoice(r.language or "", 1.0) for r in requests]
@@ -177,10 +178,7 @@ class FasterWhisperEngine:
             for i, pairs in zip(todo, detected, strict=True):
                 # Tokens look like "<|de|>": the code between the brackets.
                 probabilities = {token[2:-2]: prob for token, prob in pairs}
-                r = requests[i]
-                chosen[i] = choose_language(
-                    probabilities, r.language_hint, r.switch_language, r.switch_nats
-                )
+                chosen[i] = request_language(requests[i], probabilities)
         return chosen
 
     def _prompt(self, tokenizer: Any, request: EngineRequest) -> tuple[list[int], int]:

@@ -36,8 +36,8 @@ from captiond.engines import (
     LanguageChoice,
     PhaseTimes,
     begins_with_space,
-    choose_language,
     partial_token_cap,
+    request_language,
     unit_probabilities,
     window_frames,
 )
@@ -109,9 +109,10 @@ class TorchGraphEngine:
 
     `request.beam_size > 1` falls back to greedy: greedy is this engine's contract. Multilingual
     models decode in `request.language`, or, when it is None, in the language `choose_language`
-    picks from Whisper's detection on `request.audio[request.detect_from_sample:]` and
-    `request.language_hint`; `request.task` "translate" puts <|translate|> in the prompt.
-    English-only models always decode English (reported as ("en", 1.0)).
+    picks from Whisper's detection on `request.audio[request.detect_from_sample:]`,
+    `request.language_hint` and `request.candidates`; `request.task` "translate" puts
+    <|translate|> in the prompt. English-only models always decode English (reported as
+    ("en", 1.0)).
 
     `compute_type="float32"` keeps FP32 on CUDA; any other value means FP16 there. On the CPU the
     model always runs in FP32. `graphs=None` captures graphs on CUDA only; False runs the same
@@ -352,11 +353,7 @@ class TorchGraphEngine:
         rows = torch.cat(detected).cpu().tolist()
         codes = self.tokens.language_codes
         for i, row in zip(shifted + in_place, rows, strict=True):
-            probabilities = dict(zip(codes, row, strict=True))
-            r = requests[i]
-            chosen[i] = choose_language(
-                probabilities, r.language_hint, r.switch_language, r.switch_nats
-            )
+            chosen[i] = request_language(requests[i], dict(zip(codes, row, strict=True)))
         return chosen
 
     def close(self) -> None:
