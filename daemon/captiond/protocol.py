@@ -65,7 +65,7 @@ class StreamParams:
     @property
     def language_setting(self) -> str:
         """`language` as the client wrote it, Chinese variant aside ("de", "auto", "en,de")."""
-        return ",".join(self.candidates) or self.language
+        return LanguageSetting(self.language, self.candidates).setting
 
     @property
     def bytes_per_sample(self) -> int:

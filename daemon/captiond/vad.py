@@ -213,7 +213,7 @@ class VadSegmenter:
         else:
             self._silent_frames += 1
         length_samples = frame_end - self._start_sample
-        if self.ends_at_pauses and self._silent_frames >= self._endpoint_frames_at(length_samples):
+        if self._pause_ends_it(length_samples):
             yield self._close(frame_end)
         elif length_samples >= self._max_samples:
             cut = self._quietest_cut()
@@ -231,10 +231,10 @@ class VadSegmenter:
             return
         self._sentence_end_sample = pause_sample
         length_samples = self._next_frame_sample - self._start_sample
-        endpoint_frames = self._endpoint_frames_at(length_samples)
-        if self.ends_at_pauses and self._silent_frames >= endpoint_frames:
+        if self._pause_ends_it(length_samples):
             # Where the endpoint would have closed it had the verdict come in time.
-            yield self._close(self._voiced_end_sample + endpoint_frames * FRAME_SAMPLES)
+            endpoint_samples = self._endpoint_frames_at(length_samples) * FRAME_SAMPLES
+            yield self._close(self._voiced_end_sample + endpoint_samples)
 
     def flush(self, end_sample: int, *, begun: bool = False) -> Iterator[VadEvent]:
         """Close the open utterance at `end_sample` (finalize, or end of stream). With `begun`
@@ -257,6 +257,11 @@ class VadSegmenter:
         self._voiced_end_sample = self._next_frame_sample
         self._sentence_end_sample = None
         self._recent.clear()
+
+    def _pause_ends_it(self, length_samples: int) -> bool:
+        """Whether the silence so far ends the open utterance, `length_samples` long."""
+        endpoint_frames = self._endpoint_frames_at(length_samples)
+        return self.ends_at_pauses and self._silent_frames >= endpoint_frames
 
     def _endpoint_frames_at(self, length_samples: int) -> int:
         """The silence that ends the open utterance, `length_samples` long, now."""
