@@ -1,8 +1,9 @@
 """Headless Chromium for tests of the web client, driven over the DevTools protocol (CDP).
 
 `launch_chromium` starts the Debian `chromium` with a fresh profile and fake media devices and
-yields its DevTools URL; `open_page` opens a tab and speaks CDP to it with `websockets`. Below
-them: small helpers to drive the captions page, and WAV files for the fake microphone.
+yields its DevTools URL; `open_page` opens a tab, in a browser context of its own unless given
+one, and speaks CDP to it with `websockets`. Below them: small helpers to drive the captions
+page, and WAV files for the fake microphone.
 """
 
 from __future__ import annotations
@@ -186,12 +187,35 @@ class Page:
 
 
 @contextlib.asynccontextmanager
-async def open_page(browser_url: str) -> AsyncIterator[Page]:
-    """A new tab of the browser at `browser_url` (from `launch_chromium`), closed afterwards."""
+async def browser_context(browser_url: str) -> AsyncIterator[str]:
+    """A new context of the browser at `browser_url`: its own storage, as a fresh profile's.
+    Yields its id for `open_page`; disposed of afterwards."""
+    async with connect(browser_url, max_size=None) as conn:
+        browser = Page(conn)
+        created = await browser.call("Target.createBrowserContext")
+        context_id: str = created["browserContextId"]
+        try:
+            yield context_id
+        finally:
+            await browser.call("Target.disposeBrowserContext", browserContextId=context_id)
+
+
+@contextlib.asynccontextmanager
+async def open_page(browser_url: str, context_id: str | None = None) -> AsyncIterator[Page]:
+    """A new tab of the browser at `browser_url` (from `launch_chromium`), closed afterwards.
+    It opens in `context_id` (tabs that share a transcript) or in a context of its own: tests
+    share a browser, and a page at a port an earlier test's page used would otherwise load
+    that test's stored transcript."""
+    if context_id is None:
+        async with browser_context(browser_url) as own, open_page(browser_url, own) as tab:
+            yield tab
+        return
     base = browser_url.split("/devtools/")[0]
     async with connect(browser_url, max_size=None) as browser:
         page = Page(browser)
-        target = await page.call("Target.createTarget", url="about:blank")
+        target = await page.call(
+            "Target.createTarget", url="about:blank", browserContextId=context_id
+        )
         target_id = target["targetId"]
         try:
             async with connect(f"{base}/devtools/page/{target_id}", max_size=None) as conn:

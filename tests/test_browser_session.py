@@ -24,6 +24,7 @@ from browser_harness import (
     FINAL_TEXTS_JS,
     FlakyNetwork,
     Page,
+    browser_context,
     click,
     finals_at_least,
     launch_chromium,
@@ -84,8 +85,6 @@ def vtt_cue_times(vtt: str) -> list[tuple[str, str]]:
 def test_start_keeps_the_transcript_and_the_vtt_spans_sessions(burst_browser: str) -> None:
     async def scenario() -> None:
         async with running_daemon() as daemon, open_page(burst_browser) as page:
-            await page.navigate(page_url(daemon))
-            await page.evaluate("localStorage.clear()")
             await page.navigate(page_url(daemon))
             # One sentence, then Stop in the silence after it: one segment, said so.
             await page.evaluate(click("start"))
@@ -167,7 +166,6 @@ def test_daemon_restart_mid_session_reconnects_and_keeps_every_final(
             async with running_daemon(make_config(server=limit, **sections)) as first:
                 port = first.port
                 await page.navigate(page_url(first))
-                await page.evaluate("localStorage.clear()")
                 await page.evaluate(click("start"))
                 await finals_at_least(page, 2)
             # Stopped: its last finals arrived, then `shutting_down` and 1001.
@@ -203,7 +201,6 @@ def test_a_20_s_network_drop_loses_no_speech(burst_browser: str) -> None:
             open_page(burst_browser) as page,
         ):
             await page.navigate(f"http://127.0.0.1:{network.port}/")
-            await page.evaluate("localStorage.clear()")
             await page.evaluate(click("start"))
             before = await finals_at_least(page, 2)
             network.cut()
@@ -274,7 +271,6 @@ def test_stop_during_a_drop_still_gets_the_last_finals(burst_browser: str) -> No
             open_page(burst_browser) as page,
         ):
             await page.navigate(f"http://127.0.0.1:{network.port}/")
-            await page.evaluate("localStorage.clear()")
             await page.evaluate(click("start"))
             before = await finals_at_least(page, 1)
             await page.wait_for("!live.hidden", "a sentence under way")
@@ -328,12 +324,11 @@ def test_two_tabs_keep_each_others_finals(burst_browser: str) -> None:
     async def scenario() -> None:
         async with (
             running_daemon() as daemon,
-            open_page(burst_browser) as first,
-            open_page(burst_browser) as second,
+            browser_context(burst_browser) as shared,
+            open_page(burst_browser, shared) as first,
+            open_page(burst_browser, shared) as second,
         ):
             await first.navigate(page_url(daemon))
-            await second.navigate(page_url(daemon))
-            await second.evaluate("localStorage.clear()")
             await second.navigate(page_url(daemon))
             await session(second, 2)
             theirs = await second.evaluate(FINAL_TEXTS_JS)
