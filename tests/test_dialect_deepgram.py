@@ -9,6 +9,7 @@ event loop. Every message the SDK gets is validated strictly against the SDK's p
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import re
 import threading
@@ -356,8 +357,8 @@ def test_stereo_and_resampled_audio_match_mono() -> None:
     # ended before 800 ms of the pause have arrived is a race (vad.py holds a pause at most
     # that long), which moved one stream's end_ms and not the other's. This test is about the
     # channels and the rate: the plain endpoint for both.
-    config = make_config(
-        server={"max_audio_speed": 1e6}, vad={"unfinished_endpoint_silence_ms": 500}
+    config = dataclasses.replace(
+        FAST, vad=dataclasses.replace(FAST.vad, unfinished_endpoint_silence_ms=500)
     )
 
     async def scenario() -> tuple[Run, list[dict[str, Any]]]:
