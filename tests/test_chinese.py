@@ -18,7 +18,14 @@ from captiond.config import StreamConfig, config_from_mapping
 from captiond.dialects.openai_realtime import OpenAIRealtimeDialect
 from captiond.engines import DecodeKind, EngineRequest, EngineResult
 from captiond.errors import ConfigError
-from captiond.protocol import Control, Final, Partial, StreamParams, parse_stream_params
+from captiond.protocol import (
+    Control,
+    Final,
+    Partial,
+    StreamParams,
+    parse_language,
+    parse_stream_params,
+)
 
 TRADITIONAL = "對於更高階的導數"
 SIMPLIFIED = "对于更高阶的导数"
@@ -144,12 +151,12 @@ def test_set_language_with_a_tag_switches_the_script_from_the_next_utterance() -
 
     driver = Driver(decode, params=StreamParams(language="zh"), stream=NO_CONTEXT)
     driver.send(np.concatenate([silence(0.5), tone(1.5)]))
-    driver.session.set_language("zh-TW")
+    driver.session.set_language(parse_language("zh-TW"))
     assert driver.session.params.chinese_variant == "zh-TW"
     driver.send(np.concatenate([tone(1.5), silence(1.0), tone(3.0), silence(1.0)]))
     driver.control(Control.END)
     assert [f.text for f in driver.of(Final)] == [SIMPLIFIED, TRADITIONAL]
-    driver.session.set_language("zh")  # no variant named: the daemon's
+    driver.session.set_language(parse_language("zh"))  # no variant named: the daemon's
     assert driver.session.params.chinese_variant == "zh-Hans"
 
 
@@ -159,7 +166,7 @@ def test_openai_session_update_may_name_the_script() -> None:
     transcription = {"language": "zh-TW"}
     session = {"type": "transcription", "audio": {"input": {"transcription": transcription}}}
     received = dialect.receive(json.dumps({"type": "session.update", "session": session}))
-    assert received.language == "zh-TW"
+    assert received.language == parse_language("zh-TW")
     (reply,) = received.replies
     assert json.loads(reply)["session"]["audio"]["input"]["transcription"]["language"] == "zh-TW"
 

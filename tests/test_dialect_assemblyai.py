@@ -53,7 +53,7 @@ from captiond.errors import (
     OverloadedError,
     RateLimitedError,
 )
-from captiond.protocol import Control, Error, Final, Partial
+from captiond.protocol import Control, Error, Final, LanguageSetting, Partial
 
 FAST = make_config(server={"max_audio_speed": 1e6})
 RATE = 16_000
@@ -389,7 +389,7 @@ def test_an_update_to_a_language_the_model_cannot_caption_is_refused() -> None:
     with pytest.raises(BadMessageError, match=r"tiny\.en is English-only"):
         dialect.receive(json.dumps({**update, "language_codes": ["en", "es"]}))
     english = dialect.receive(json.dumps({**update, "language_codes": ["en"]}))
-    assert english.language == "en"
+    assert english.language == LanguageSetting("en")
     # Cantonese on a model before large-v3, as base.
     base = EngineInfo("fake", "base", True, 8, frozenset({"en", "zh"}))
     dialect.stream_params("en", base.check_can)
@@ -398,7 +398,7 @@ def test_an_update_to_a_language_the_model_cannot_caption_is_refused() -> None:
     with pytest.raises(BadMessageError, match="does not know language 'yue'"):
         dialect.receive(json.dumps({**update, "language_codes": ["zh", "yue"]}))
     several = dialect.receive(json.dumps({**update, "language_codes": ["en", "zh_TW"]}))
-    assert several.language == "en,zh-TW"
+    assert several.language == LanguageSetting("auto", ("en", "zh"), "zh-TW")
 
 
 @pytest.mark.parametrize(
@@ -426,7 +426,7 @@ def test_an_update_to_traditional_chinese_keeps_its_script() -> None:
     dialect = AssemblyAIDialect({"sample_rate": "16000"})
     dialect.stream_params("en")
     update = {"type": "UpdateConfiguration", "language_codes": ["zh-TW"]}
-    assert dialect.receive(json.dumps(update)).language == "zh-TW"
+    assert dialect.receive(json.dumps(update)).language == LanguageSetting("zh", (), "zh-TW")
 
 
 def test_update_configuration_and_query_parameters() -> None:
@@ -449,7 +449,8 @@ def test_update_configuration_and_query_parameters() -> None:
     [unformatted] = dialect.render(Final(segment=0, start_ms=0, end_ms=10, text="No."))
     assert json.loads(unformatted)["transcript"] == "no", "format_turns changed"
     received = dialect.receive(json.dumps({**update, "max_turn_silence": 900, "novel": 1}))
-    assert received.language == "fr" and received.control is None and received.prompt is None
+    assert received.language == LanguageSetting("fr")
+    assert received.control is None and received.prompt is None
     assert dialect.receive('{"type": "UpdateConfiguration", "keyterms_prompt": []}').prompt == ""
     assert dialect.receive('{"type": "ForceEndpoint"}').control is Control.FINALIZE
     assert dialect.receive('{"type": "Terminate"}').control is Control.END

@@ -529,18 +529,24 @@ def render_final(query: dict[str, str], text: str) -> dict[str, Any]:
     return result
 
 
-@pytest.mark.parametrize("language", ["multi", "de"])
-def test_language_multi_names_the_language_detected(language: str) -> None:
+@pytest.mark.parametrize(
+    ("language", "detected_among"), [("multi", ()), ("en,de", ("en", "de")), ("de", None)]
+)
+def test_language_multi_names_the_language_detected(
+    language: str, detected_among: tuple[str, ...] | None
+) -> None:
+    """A list (not Deepgram's) detects among its languages: results name the one detected."""
     dialect = DeepgramDialect(Query(urlencode({**LINEAR16, "language": language})))
-    dialect.stream_params("en")
+    params = dialect.stream_params("en")
     (frame,) = dialect.render(
         Final(segment=0, start_ms=0, end_ms=900, text="Guten Tag.", language="de")
     )
     alternative = ListenV1Results.model_validate_json(frame).channel.alternatives[0]
-    if language == "multi":
+    if detected_among is not None:
+        assert params.auto_language and params.candidates == detected_among
         assert alternative.languages == ["de"]
         assert [w.language for w in alternative.words] == ["de", "de"]
-    else:  # as Deepgram: only with language=multi
+    else:  # as Deepgram: only when the language is detected
         assert alternative.languages is None
         assert {w.language for w in alternative.words} == {None}
 

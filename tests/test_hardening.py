@@ -38,9 +38,11 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from captiond.config import Config, StreamConfig
 from captiond.dialects import Received
 from captiond.dialects.native import NativeDialect
+from captiond.engines import EngineInfo
 from captiond.engines.fake import FakeEngine
 from captiond.journal_read import list_sessions
 from captiond.logs import configure_logging
+from captiond.protocol import LanguageSetting, parse_language
 
 TOKEN = "s3cret"
 
@@ -523,6 +525,16 @@ def test_auto_on_an_english_only_model_is_english_from_the_first_partial() -> No
     assert first_partial_audio_ms < detection_audio_ms, "held back for a language detection"
     assert {m["language"] for m in auto.of("partial") + auto.of("final")} == {"en"}
     assert None not in engine.languages
+
+
+def test_a_session_update_to_auto_on_an_english_only_model_is_english() -> None:
+    """A vendor's session update (`stream_setting`) is decoded as the query string is."""
+    english_only = EngineInfo("fake", "tiny.en", False, 8)
+    assert english_only.stream_setting(parse_language("auto")) == LanguageSetting("en")
+    assert english_only.stream_setting(parse_language("en-US")) == parse_language("en-US")
+    multilingual = EngineInfo("fake", "base", True, 8)
+    for setting in (parse_language("auto"), parse_language("de,fr"), parse_language("zh-TW")):
+        assert multilingual.stream_setting(setting) == setting
 
 
 # -- fuzzing beside an honest stream ------------------------------------------------------------

@@ -36,6 +36,7 @@ from captiond.protocol import (
     SpeechStarted,
     SpeechStopped,
     StreamParams,
+    parse_language,
     parse_stream_params,
 )
 from captiond.session import DecodeRequest, SessionState, StreamOrigin, StreamSession
@@ -1633,7 +1634,7 @@ def test_the_languages_to_detect_among_reach_the_engine() -> None:
     driver.send(silence(1.0))
     assert [f.language for f in driver.of(Final)] == ["en"]
     assert {r.candidates for r in seen} == {("en", "de")}
-    driver.session.set_language("de,fr")
+    driver.session.set_language(parse_language("de,fr"))
     seen.clear()
     driver.send(tone(4.0))
     driver.send(silence(1.0))

@@ -50,7 +50,6 @@ from captiond.protocol import (
     Final,
     Partial,
     ServerMessage,
-    parse_language,
 )
 from captiond.resume import HeldFinals, ResumeKey
 from captiond.scheduler import Submit, drive_session
@@ -401,9 +400,9 @@ class LiveStream:
                 if received.language is not None:
                     # Dialects refuse what the model cannot caption in their protocol's way;
                     # this guards the batch (a code without a token fails every stream in it).
-                    language = parse_language(received.language)
+                    language = received.language
                     self._engine.check_can(language.code, candidates=language.candidates)
-                    session.set_language(self._engine.stream_language(received.language))
+                    session.set_language(self._engine.stream_setting(language))
                 if received.prompt is not None:
                     session.set_prompt(received.prompt)
                 if received.ends_at_pauses is not None:

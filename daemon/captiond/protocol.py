@@ -131,7 +131,7 @@ def parse_language(value: str) -> LanguageSetting:
     comma-separated list of tags ("en,de,zh-TW"): "auto", detected among them."""
     tags = [tag.strip() for tag in value.split(",")]
     if len(tags) == 1:
-        return LanguageSetting(check_language(value), (), variant_of(value))
+        return parse_language_tag(value)
     codes = [check_language(tag) for tag in tags]
     if AUTO_LANGUAGE in codes:
         raise BadMessageError(
@@ -139,6 +139,12 @@ def parse_language(value: str) -> LanguageSetting:
         )
     variant = next((v for v in map(variant_of, tags) if v), None)
     return LanguageSetting(AUTO_LANGUAGE, tuple(dict.fromkeys(codes)), variant)
+
+
+def parse_language_tag(tag: str) -> LanguageSetting:
+    """One language tag's setting ("zh-TW": zh, naming traditional script), as the protocols
+    that take no list of languages read theirs."""
+    return LanguageSetting(check_language(tag), (), variant_of(tag))
 
 
 def check_language(tag: str) -> str:

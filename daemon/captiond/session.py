@@ -55,12 +55,12 @@ from captiond.protocol import (
     Control,
     Done,
     Final,
+    LanguageSetting,
     Partial,
     ServerMessage,
     SpeechStarted,
     SpeechStopped,
     StreamParams,
-    parse_language,
 )
 from captiond.stabilize import LocalAgreement, keep_stable
 from captiond.text import (
@@ -268,11 +268,10 @@ class StreamSession:
             raise BadMessageError("audio after 'end': the stream is closed")
         self._push_samples(samples)
 
-    def set_language(self, language: str) -> None:
-        """Decode the utterances from the next one on as `language` (a tag such as "de" or
-        "zh-TW", "auto", or the languages to detect among: "en,de"), a session update of a
-        vendor API."""
-        setting = parse_language(language)
+    def set_language(self, setting: LanguageSetting) -> None:
+        """Decode the utterances from the next one on as `setting` (`parse_language` of a tag
+        such as "de" or "zh-TW", of "auto", or of the languages to detect among: "en,de"), a
+        session update of a vendor API."""
         self._params = dataclasses.replace(
             self._params,
             language=setting.code,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from captiond.errors import SessionError
-from captiond.protocol import Ack, Control, ServerMessage, StreamParams
+from captiond.protocol import Ack, Control, LanguageSetting, ServerMessage, StreamParams
 
 # Raises a SessionError (bad_message) for a Whisper language code the daemon's model cannot
 # caption: English-only models take only English, and Cantonese came with large-v3
@@ -37,7 +37,7 @@ class Received:
 
     audio: bytes = b""
     control: Control | Ack | None = None
-    language: str | None = None
+    language: LanguageSetting | None = None
     prompt: str | None = None
     ends_at_pauses: bool | None = None
     replies: tuple[str, ...] = ()

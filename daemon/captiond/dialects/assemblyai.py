@@ -130,9 +130,9 @@ class AssemblyAIDialect:
             )
         language = default_language
         if "language_codes" in query:
-            language = _language_of(_json(query["language_codes"]))
+            language = _tags_of(_json(query["language_codes"]))
         elif "language_code" in query:
-            language = _language_of([query["language_code"]])
+            language = _tags_of([query["language_code"]])
         elif self._language_detection or query.get("speech_model", _ENGLISH) != _ENGLISH:
             language = AUTO_LANGUAGE  # AssemblyAI's other models detect it: none was named
         elif "speech_model" in query:
@@ -167,10 +167,9 @@ class AssemblyAIDialect:
         if format_turns is not None and not isinstance(format_turns, bool):
             raise BadMessageError("Invalid Message: format_turns must be true or false")
         codes, keyterms = message.get("language_codes"), message.get("keyterms_prompt")
-        language = None if codes is None else _language_of(codes)
+        language = None if codes is None else parse_language(_tags_of(codes))
         if language is not None:
-            setting = parse_language(language)
-            for code in (setting.code, *setting.candidates):
+            for code in (language.code, *language.candidates):
                 self._can_caption(code)
         prompt = None if keyterms is None else _prompt_of(keyterms)
         if format_turns is not None:
@@ -302,14 +301,13 @@ def _flag(query: Mapping[str, str], name: str) -> bool:
     return value in ("true", "1")
 
 
-def _language_of(codes: object) -> str:
-    """One code is that language, as a tag ("en_us" is "en-us"; "zh-TW" keeps naming the script
-    of Chinese); several are the languages to detect among ("en,es": `parse_language`)."""
+def _tags_of(codes: object) -> str:
+    """`language_codes` as a `language` setting for `parse_language`: one code is that language,
+    as a tag ("en_us" is "en-us"; "zh-TW" keeps naming the script of Chinese); several are the
+    languages to detect among ("en,es")."""
     if not (isinstance(codes, list) and codes and all(isinstance(c, str) and c for c in codes)):
         raise BadMessageError("Invalid Message: language_codes must be a list of language codes")
-    tags = ",".join(str(code).replace("_", "-") for code in codes)
-    parse_language(tags)
-    return tags
+    return ",".join(str(code).replace("_", "-") for code in codes)
 
 
 def _prompt_of(keyterms: object) -> str:

@@ -8,7 +8,8 @@ Query string: `encoding=linear16` with `sample_rate` (resampled by the daemon) a
 without them words are lower case without punctuation, as Deepgram's are), `endpointing=false`
 (no `speech_final`), `vad_events` (`SpeechStarted`), `utterance_end_ms` (an `UtteranceEnd` after
 each final with words, except one forced by `Finalize`), `language` (its primary subtag, and for
-Chinese the script: `zh-TW`, `zh-CN`; `multi` asks for detection), `keyterm` (repeated: the
+Chinese the script: `zh-TW`, `zh-CN`; `multi` asks for detection; `en,de`, which Deepgram does
+not take, detection among those), `keyterm` (repeated: the
 terms, comma-separated, become the stream's prompt, which Whisper reads before every decode's
 previous text). `model` and the rest are accepted and ignored: the daemon's model decodes.
 Client messages: binary audio (any chunking), `KeepAlive`, `Finalize`, `CloseStream` (also an
@@ -187,7 +188,7 @@ class DeepgramDialect:
         self._flushes: deque[_Flush] = deque(maxlen=_MAX_FLUSHES)
         self._finalized_end_ms: set[int] = set()  # utterance ends forced by a Finalize
         self._stopped_end_ms: set[int] = set()  # utterance ends where speech stopped
-        self._multi = False  # language=multi: results name the language detected
+        self._multi = False  # language=multi (or a list): results name the language detected
 
     def stream_params(
         self, default_language: str, can_caption: LanguageCheck = any_language
@@ -207,8 +208,7 @@ class DeepgramDialect:
         if _flag(query, "multichannel"):
             raise BadMessageError("multichannel=true is not supported: channels are mixed to one")
         language = query.get("language", default_language)
-        self._multi = language == "multi"
-        language = "auto" if self._multi else language  # zh-TW: traditional Chinese
+        language = "auto" if language == "multi" else language  # zh-TW: traditional Chinese
         if language.lower() == "zh-hk":
             language = _cantonese(can_caption)
         params = parse_stream_params(
@@ -216,6 +216,7 @@ class DeepgramDialect:
             default_language,
         )
         self._rate_hz = params.sample_rate_hz
+        self._multi = params.auto_language
         terms = query.every("keyterm")
         return replace(params, prompt=prompt_of_terms(terms, "keyterm") if terms else None)
 
@@ -363,7 +364,8 @@ class DeepgramDialect:
         start_ms, end_ms = message.start_ms, message.end_ms
         punctuate = self._options.punctuate
         # Deepgram names the detected language with language=multi only: every word's, and
-        # the alternative's (by word count; here one per segment).
+        # the alternative's (by word count; here one per segment). Here, whenever it is
+        # detected: with multi, a list, or the daemon's [stream] language = "auto".
         language = {"language": message.language} if self._multi and message.language else {}
         # Units, not space-separated words: a Chinese or Japanese sentence has no spaces, and
         # each of its characters is a word here (text.py).

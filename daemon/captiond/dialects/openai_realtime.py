@@ -74,14 +74,15 @@ from captiond.protocol import (
     Control,
     Error,
     Final,
+    LanguageSetting,
     Partial,
     Ready,
     ServerMessage,
     SpeechStarted,
     SpeechStopped,
     StreamParams,
-    check_language,
     check_prompt,
+    parse_language_tag,
 )
 
 SAMPLE_RATE_HZ = 24_000  # the only rate OpenAI's pcm format has
@@ -193,7 +194,8 @@ class OpenAIRealtimeDialect:
         language = _language(transcription, self._can_caption)
         prompt = _prompt(transcription)
         self._server_vad = self._server_vad if server_vad is None else server_vad
-        self._language = language or self._language
+        if language is not None:
+            self._language = str(transcription["language"])  # echoed as the client wrote it
         self._prompt = self._prompt if prompt is None else prompt
         updated = self._event("session.updated", session=self._session_object())
         return Received(
@@ -361,16 +363,16 @@ def _prompt(transcription: dict[str, Any]) -> str | None:
         raise _Refused("string_above_max_length", str(exc), param) from None
 
 
-def _language(transcription: dict[str, Any], can_caption: LanguageCheck) -> str | None:
-    """The language to decode in from now on (null, "" or absent: unchanged), as the client
-    wrote it: a tag such as "zh-TW" also names the script of Chinese (session.set_language).
-    One the model cannot caption is refused before the update is confirmed."""
+def _language(transcription: dict[str, Any], can_caption: LanguageCheck) -> LanguageSetting | None:
+    """The language to decode in from now on (null, "" or absent: unchanged): a tag such as
+    "zh-TW" also names the script of Chinese (session.set_language). One the model cannot
+    caption is refused before the update is confirmed."""
     if not transcription.get("language"):
         return None
-    language = str(transcription["language"])
     try:
-        can_caption(check_language(language))
-        return language
+        setting = parse_language_tag(str(transcription["language"]))
+        can_caption(setting.code)
+        return setting
     except SessionError as exc:
         param = "session.audio.input.transcription.language"
         raise _Refused("invalid_value", str(exc), param) from None

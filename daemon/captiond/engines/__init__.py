@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from captiond import SAMPLE_RATE_HZ
 from captiond.errors import BadMessageError
-from captiond.protocol import AUTO_LANGUAGE, check_model_language
+from captiond.protocol import AUTO_LANGUAGE, LanguageSetting, check_model_language
 from captiond.text import has_word, units
 
 if TYPE_CHECKING:
@@ -217,6 +217,11 @@ class EngineInfo:
         is English at once (there is nothing to detect, and detecting would hold back every
         utterance's first partial)."""
         return "en" if self.english_only and tag.lower() == AUTO_LANGUAGE else tag
+
+    def stream_setting(self, setting: LanguageSetting) -> LanguageSetting:
+        """`stream_language` of a parsed setting."""
+        code = self.stream_language(setting.code)
+        return setting if code == setting.code else LanguageSetting(code)
 
     def check_can(
         self, language: str, task: str = "transcribe", candidates: Sequence[str] = ()
