@@ -9,11 +9,11 @@ without them words are lower case without punctuation, as Deepgram's are), `endp
 (no `speech_final`), `vad_events` (`SpeechStarted`), `utterance_end_ms` (an `UtteranceEnd` after
 each final with words, except one forced by `Finalize`), `language` (its primary subtag, and for
 Chinese the script: `zh-TW`, `zh-CN`; `multi` asks for detection; `en,de`, which Deepgram does
-not take, detection among those), `keyterm` (repeated: the
-terms, comma-separated, become the stream's prompt, which Whisper reads before every decode's
-previous text). `model` and the rest are accepted and ignored: the daemon's model decodes.
-Client messages: binary audio (any chunking), `KeepAlive`, `Finalize`, `CloseStream` (also an
-empty binary message, Deepgram's legacy close). On the stream's end, `Metadata`, then close 1000.
+not take, detection among those), `keyterm` (repeated: the terms, comma-separated, become the
+stream's prompt, which Whisper reads before every decode's previous text). `model` and the rest
+are accepted and ignored: the daemon's model decodes. Client messages: binary audio (any
+chunking), `KeepAlive`, `Finalize`, `CloseStream` (also an empty binary message, Deepgram's
+legacy close). On the stream's end, `Metadata`, then close 1000.
 
 Each captiond final is one `Results` with `is_final: true`. Finals come at the daemon's VAD
 endpoints, so `speech_final` is true too (and `UtteranceEnd` follows), except for a final
@@ -188,7 +188,7 @@ class DeepgramDialect:
         self._flushes: deque[_Flush] = deque(maxlen=_MAX_FLUSHES)
         self._finalized_end_ms: set[int] = set()  # utterance ends forced by a Finalize
         self._stopped_end_ms: set[int] = set()  # utterance ends where speech stopped
-        self._multi = False  # language=multi (or a list): results name the language detected
+        self._multi = False  # language detected (multi, a list): results name it
 
     def stream_params(
         self, default_language: str, can_caption: LanguageCheck = any_language
