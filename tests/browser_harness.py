@@ -89,8 +89,10 @@ class Page:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.console: list[str] = []
-        # What `serve` answers for its URL pattern; the tasks answering requests.
-        self._served = ""
+        # What `serve` answers for its URL pattern (None: `fail` fails it); the tasks
+        # answering requests; how many requests `fail` failed.
+        self._served: str | None = ""
+        self.failed_requests = 0
         self._answers: set[asyncio.Task[Any]] = set()
         self._reader = asyncio.create_task(self._read())
 
@@ -117,6 +119,10 @@ class Page:
                 answer.add_done_callback(self._answers.discard)
 
     async def _answer(self, request_id: str) -> None:
+        if self._served is None:
+            await self.call("Fetch.failRequest", requestId=request_id, errorReason="Failed")
+            self.failed_requests += 1
+            return
         body = base64.b64encode(self._served.encode()).decode()
         headers = [{"name": "Content-Type", "value": "text/javascript"}]
         await self.call(
@@ -151,6 +157,15 @@ class Page:
         instrumented copy of one of the page's scripts."""
         self._served = script
         await self.call("Fetch.enable", patterns=[{"urlPattern": url_pattern}])
+
+    async def fail(self, url_pattern: str) -> None:
+        """Fail the page's requests for `url_pattern` as a network fault would, until
+        `stop_intercepting`."""
+        self._served = None
+        await self.call("Fetch.enable", patterns=[{"urlPattern": url_pattern}])
+
+    async def stop_intercepting(self) -> None:
+        await self.call("Fetch.disable")
 
     async def navigate(self, url: str) -> None:
         await self.call("Page.navigate", url=url)

@@ -132,16 +132,57 @@ def test_denied_microphone_is_explained(browser: str) -> None:
     assert "Microphone access was denied" in asyncio.run(scenario())
 
 
+# Resolves once the page has its audio worklet (capture.js, the module the page imported).
+WORKLET_LOADED_JS = "import('/capture.js').then((capture) => capture.workletLoaded()).then(() => 1)"
+
+
 def test_unreachable_daemon_is_explained(browser: str) -> None:
     async def scenario() -> str:
         async with open_page(browser) as page:
             async with running_daemon() as daemon:
                 await page.navigate(page_url(daemon))
+                await page.evaluate(WORKLET_LOADED_JS)
             # The daemon has gone away since it served the page.
             await page.evaluate("document.getElementById('start').click()")
             return await notice(page)
 
-    assert "Cannot reach the captiond daemon" in asyncio.run(scenario())
+    text = asyncio.run(scenario())
+    assert "Cannot reach the captiond daemon at ws://127.0.0.1:" in text and "Retrying" in text
+
+
+@pytest.mark.parametrize("daemon_back", [True, False], ids=["back", "still-away"])
+def test_a_worklet_that_did_not_load_with_the_page_loads_at_start(
+    browser: str, daemon_back: bool
+) -> None:
+    """The page's own load of its audio worklet failed (the daemon was away as the page
+    loaded): Start loads it again, and says which daemon it cannot reach if that fails too."""
+
+    async def scenario() -> tuple[str, str]:
+        async with running_daemon() as daemon, open_page(browser) as page:
+
+            async def first_load_failed() -> None:
+                while page.failed_requests == 0:
+                    await asyncio.sleep(0.05)
+
+            await page.fail("*/worklet.js*")
+            await page.navigate(page_url(daemon))
+            await asyncio.wait_for(first_load_failed(), 30)
+            if daemon_back:
+                await page.stop_intercepting()
+            await page.evaluate(click("start"))
+            if daemon_back:
+                state = await page.wait_for("state.dataset.state === 'live' && 'live'", "live")
+                return state, ""
+            text = await notice(page)
+            return await page.evaluate("state.dataset.state"), text
+
+    state, text = asyncio.run(scenario())
+    if daemon_back:
+        assert state == "live"
+    else:
+        assert state == "error"
+        assert "Cannot reach the captiond daemon at http://127.0.0.1:" in text
+        assert "audio worklet" in text
 
 
 def test_refused_session_shows_the_error_code(browser: str) -> None:

@@ -247,8 +247,10 @@ def test_client_writes_the_finals_received_when_ctrl_c_or_an_error_ends_the_stre
 def test_client_ctrl_c_keeps_the_finals_received(
     daemon_url: str, speech_dir: Path, speech_manifest: list[dict[str, Any]], tmp_path: Path
 ) -> None:
-    """A real SIGINT in real time, after the first final."""
-    m = clip(speech_manifest, "jfk_inaugural_1961")
+    """A real SIGINT in real time, after the first final. The recording is long (221 s) so
+    that the client is still streaming then: after a short one's first final, a slow daemon
+    may send the rest before the signal lands, and the client ends as it should, with 0."""
+    m = clip(speech_manifest, "ljspeech_LJ001-0001_to_0032_concat")
     out = tmp_path / "t.vtt"
     command = [*CLIENT, "stream", str(speech_dir / m["file"]), "--url", daemon_url]
     proc = subprocess.Popen(
@@ -256,7 +258,7 @@ def test_client_ctrl_c_keeps_the_finals_received(
     )
     try:
         assert proc.stdout is not None and proc.stderr is not None
-        first = proc.stdout.readline()  # "[00:00:00.000] And so my fellow Americans."
+        first = proc.stdout.readline()  # "[00:00:00.000] Printing, in the only sense, …"
         assert first.startswith("[00:"), proc.stderr.read()
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 130

@@ -42,18 +42,44 @@ export async function openMicrophone() {
 
 // The audio graph's context and its worklet module, loaded with the page: a Start after the
 // daemon went away (the page's own server) still finds the module. One per page.
+const WORKLET_URL = new URL("worklet.js", import.meta.url);
 let prepared = null;
 
 export function prepareAudio() {
   const context = new AudioContext({ latencyHint: "interactive" });
-  prepared = { context, loaded: context.audioWorklet.addModule(new URL("worklet.js", import.meta.url)) };
+  prepared = { context, loaded: context.audioWorklet.addModule(WORKLET_URL) };
+  prepared.loaded.catch(() => {}); // a failure is Start's to show (workletLoaded), not an uncaught error
+}
+
+// Resolves once the worklet module is loaded. One the page could not load (the daemon went
+// away as the page loaded, or a network fault) is loaded again: the daemon may be back. The
+// URL is a new one each time, as the worklet keeps a failed fetch's answer for its URL. A
+// fetch that fails again (an AbortError) says which daemon the page cannot reach.
+let reloads = 0;
+
+export async function workletLoaded() {
+  try {
+    return await prepared.loaded;
+  } catch {
+    const again = new URL(`?reload=${++reloads}`, WORKLET_URL);
+    prepared.loaded = prepared.context.audioWorklet.addModule(again);
+  }
+  try {
+    return await prepared.loaded;
+  } catch (err) {
+    if (err.name !== "AbortError") throw err;
+    throw new Error(
+      `Cannot reach the captiond daemon at ${WORKLET_URL.origin} for the audio worklet (${err.message}). ` +
+        `Is "captiond serve" running and reachable?`,
+    );
+  }
 }
 
 // Capture from `stream` until `stop()`: `onAudio(pcm, dbfs)` gets each 100 ms chunk of 16 kHz
 // pcm_s16le (an ArrayBuffer). `flush()` resolves once the partial last chunk is out.
 export async function startCapture(stream, onAudio) {
-  const { context, loaded } = prepared;
-  await loaded;
+  await workletLoaded();
+  const { context } = prepared;
   const source = context.createMediaStreamSource(stream);
   const node = new AudioWorkletNode(context, "captiond-capture", { numberOfOutputs: 1, outputChannelCount: [1] });
   let flushed = null;
