@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -24,7 +25,7 @@ _RETRY_HELP = (
 )
 _OUT_HELP = (
     "write the final transcript: .txt, .vtt, .srt or .json (by the suffix); also what was "
-    "received when Ctrl-C or an error ends the stream"
+    "received when Ctrl-C, SIGTERM or an error ends the stream"
 )
 
 
@@ -85,15 +86,33 @@ def _transcript_kept(path: Path | None, printer: CaptionPrinter) -> Iterator[Non
         write_transcript(path, printer.finals)
 
 
+def _on_ctrl_c_and_sigterm(handler: Callable[[], object]) -> None:
+    """Ctrl-C and SIGTERM (`timeout`, a service manager) call `handler` in the running loop,
+    so that a client ended either way writes the finals received to `--out`. Only signals
+    to the main thread can be handled: `main` run on another thread leaves them to its host."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, handler)
+
+
 def _stream(args: argparse.Namespace) -> int:
     samples = read_audio_16k_mono(args.file)
     printer = CaptionPrinter(as_json=args.json)
-    with _transcript_kept(args.out, printer):
-        asyncio.run(
-            stream_samples(
+
+    async def run() -> None:
+        running = asyncio.current_task()
+        assert running is not None
+        _on_ctrl_c_and_sigterm(running.cancel)
+        try:
+            await stream_samples(
                 args.url, samples, speed=args.speed, on_message=printer, retry_for_s=args.retry_for
             )
-        )
+        except asyncio.CancelledError:
+            raise KeyboardInterrupt from None  # exit 130, the transcript written so far
+
+    with _transcript_kept(args.out, printer):
+        asyncio.run(run())
     return 0
 
 
@@ -118,8 +137,7 @@ def _mic(args: argparse.Namespace) -> int:
             stop.set()
             print("stopping: waiting for the last captions (Ctrl-C again quits)", file=sys.stderr)
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            asyncio.get_running_loop().add_signal_handler(sig, on_signal)
+        _on_ctrl_c_and_sigterm(on_signal)
         try:
             await stream_microphone(
                 args.url,
