@@ -1,17 +1,18 @@
 """A corpus of sessions of many utterances in one language, for `captiond bench languages`.
 
-    python3 bench/language_sessions.py ../shared/speech-multi OUT [--tempo 1.6]
+    python3 bench/language_sessions.py ../shared/speech-multi OUT [--tempo 1.6] [--gap-s 0.6]
     captiond bench languages --manifest OUT/manifest.jsonl --model base --speed 2 --out DIR
 
 Each clip of the multilingual corpus is a session of one utterance, so its language is
 detected without a session language to lean on, and a wrong switch within a session never
 shows. Here each language's exact-reference utterances (four or more) follow one another with
-`GAP_S` of silence between them, as one long clip (kind `long`) whose reference is theirs
+1 s of silence between them, as one long clip (kind `long`) whose reference is theirs
 joined: with `?language=auto` every utterance after the first is detected with the session's
 language as the hint (hysteresis), and the whole-file decode hears the earlier utterances as
 its context. `--tempo` speaks every utterance that many times as fast, at its own pitch
-(FFmpeg's atempo), for talk faster than the corpus's reading (the gaps stay 1 s). The clips
-are written to OUT (never into the repository).
+(FFmpeg's atempo), for talk faster than the corpus's reading (the gaps stay as they are);
+`--gap-s` sets the silence, for turns that follow each other more closely. The clips are
+written to OUT (never into the repository).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from captiond.bench.common import read_manifest, select_clips, spoken_faster, wr
 from captiond.bench.wer import CHARACTER_LANGUAGES
 from captiond_client.audiofile import read_audio_16k_mono
 
-GAP_S = 1.0
 MIN_UTTERANCES = 4
 
 
@@ -38,13 +38,16 @@ def main() -> None:
     parser.add_argument("corpus", type=Path, help="the multilingual corpus folder (manifest.jsonl)")
     parser.add_argument("out", type=Path, help="folder for the clips and their manifest.jsonl")
     parser.add_argument("--tempo", type=float, default=1.0, help="speech this many times as fast")
+    parser.add_argument(
+        "--gap-s", type=float, default=1.0, help="seconds of silence after each utterance"
+    )
     args = parser.parse_args()
     by_language: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
     entries = read_manifest(args.corpus / "manifest.jsonl")
     for e in select_clips(entries, "utterance"):  # every utterance with an exact reference
         by_language[e["language"]].append(e)
     (args.out / "wav").mkdir(parents=True, exist_ok=True)
-    gap = np.zeros(round(GAP_S * SAMPLE_RATE_HZ), dtype=np.float32)
+    gap = np.zeros(round(args.gap_s * SAMPLE_RATE_HZ), dtype=np.float32)
     with (args.out / "manifest.jsonl").open("w", encoding="utf-8") as manifest:
         for language, utterances in sorted(by_language.items()):
             if len(utterances) < MIN_UTTERANCES:

@@ -42,6 +42,7 @@ from captiond.bench.wer import (
     language_errors,
 )
 from captiond.engines import resolve_engine_config
+from captiond.engines.faster_whisper import WHOLE_FILE_TEMPERATURES
 from captiond.loop import run as run_loop
 from captiond.models import resolve_model
 
@@ -246,7 +247,7 @@ def _bench_languages(args: argparse.Namespace) -> int:
         "detect_among": args.detect_among,
         "whole_file_settings": {
             "beam_size": 5,
-            "temperature": 0.0,
+            "temperature": WHOLE_FILE_TEMPERATURES,
             "language": ["given", "detected"],
             "text_only": "a third run, language given, without timestamp tokens",
             "chinese_variant": env.config.stream.chinese_variant,

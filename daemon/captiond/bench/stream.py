@@ -259,7 +259,7 @@ def _bench_stream(args: argparse.Namespace) -> int:
 def _whole_file(env: common.BenchEnv) -> dict[str, Any]:
     """faster-whisper `transcribe` on every whole clip: the same weights, on the CPU with the
     engine's compute type for faster-whisper (float32 for torch_graph, whose CPU path is FP32)."""
-    from captiond.engines.faster_whisper import transcribe_whole_file
+    from captiond.engines.faster_whisper import WHOLE_FILE_TEMPERATURES, transcribe_whole_file
 
     engine = resolve_engine_config(env.config.engine)
     on_cpu = engine.name == "faster-whisper" and engine.device == "cpu"
@@ -279,7 +279,7 @@ def _whole_file(env: common.BenchEnv) -> dict[str, Any]:
         wer = None if c.kind == "nonspeech" else round(word_errors(c.text, texts[c.id]).wer, 4)
         clips[c.id] = {"text": texts[c.id], "wer": wer}
         progress.step(c.id)
-    settings = {"beam_size": 5, "temperature": 0.0, "vad_filter": False}
+    settings = {"beam_size": 5, "temperature": WHOLE_FILE_TEMPERATURES, "vad_filter": False}
     overall = pooled_wer(env.clips, texts)
     return {"compute_type": compute_type, "settings": settings, "clips": clips, "overall": overall}
 
