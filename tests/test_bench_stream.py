@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from captiond.cli import main
+from captiond.engines.faster_whisper import WHOLE_FILE_SETTINGS
 
 pytestmark = pytest.mark.model
 CLIPS = "ljspeech_LJ001-0002,speechocean762_test_014080103,bird_robin_inspectorj"
@@ -50,6 +51,10 @@ def test_bench_stream_writes_the_figures(speech_dir: Path, tmp_path: Path) -> No
     assert (
         0 <= ours["overall"]["wer_exact_refs"] <= data["offline"]["overall"]["wer_exact_refs"] + 0.1
     )
+    whole = data["whole_file"]
+    assert whole["compute_type"] == "int8", "faster-whisper's own on the CPU"
+    assert whole["settings"] == json.loads(json.dumps(dict(WHOLE_FILE_SETTINGS)))
+    assert set(whole["clips"]) == set(CLIPS.split(","))
 
 
 def test_bench_stream_refuses_clips_in_another_language(

@@ -27,7 +27,7 @@ from captiond.chinese import written
 from captiond.cli import main as cli_main
 from captiond.config import StreamConfig
 from captiond.engines import Engine, load_engine
-from captiond.engines.faster_whisper import transcribe_whole_file
+from captiond.engines.faster_whisper import WHOLE_FILE_SETTINGS, transcribe_whole_file
 from captiond.models import resolve_model
 from captiond.offline import transcribe_samples
 from captiond.text import plain_text
@@ -231,6 +231,10 @@ def test_bench_languages_detects_among_the_languages_named(
     (path,) = tmp_path.glob("languages-*.json")
     data = json.loads(path.read_text())
     assert data["detect_among"] == "en,es"
+    assert (
+        json.loads(json.dumps(dict(WHOLE_FILE_SETTINGS))).items()
+        <= data["whole_file_settings"].items()
+    )
     clip = data["clips"][clip_id]
     assert (clip["language"], clip["detected"]) == ("en", "en")
     assert clip["auto_text"].isascii(), clip["auto_text"]

@@ -41,8 +41,11 @@ from captiond.bench.wer import (
     gap_interval_points,
     language_errors,
 )
-from captiond.engines import resolve_engine_config
-from captiond.engines.faster_whisper import WHOLE_FILE_TEMPERATURES
+from captiond.engines.faster_whisper import (
+    WHOLE_FILE_SETTINGS,
+    transcribe_whole_file,
+    whole_file_compute_type,
+)
 from captiond.loop import run as run_loop
 from captiond.models import resolve_model
 
@@ -109,10 +112,7 @@ def _whole_file(
 ) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
     """faster-whisper on every whole clip with its language given, detected, and given without
     timestamp tokens."""
-    from captiond.engines.faster_whisper import transcribe_whole_file
-
-    engine = resolve_engine_config(env.config.engine)
-    on_cpu = engine.name == "faster-whisper" and engine.device == "cpu"
+    compute_type = whole_file_compute_type(env.config.engine)
     model = resolve_model(env.config.engine.model)
     progress = Progress("whole-file", 3 * len(env.clips))
     given: dict[str, str] = {}
@@ -129,7 +129,7 @@ def _whole_file(
                 model,
                 clip.samples,
                 device="cpu",
-                compute_type=engine.compute_type if on_cpu else "float32",
+                compute_type=compute_type,
                 language=spoken,
                 without_timestamps=without_timestamps,
                 chinese_variant=env.config.stream.chinese_variant,
@@ -246,8 +246,7 @@ def _bench_languages(args: argparse.Namespace) -> int:
     data = common.header(args, env, "languages") | {
         "detect_among": args.detect_among,
         "whole_file_settings": {
-            "beam_size": 5,
-            "temperature": WHOLE_FILE_TEMPERATURES,
+            **WHOLE_FILE_SETTINGS,
             "language": ["given", "detected"],
             "text_only": "a third run, language given, without timestamp tokens",
             "chinese_variant": env.config.stream.chinese_variant,

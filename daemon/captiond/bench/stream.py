@@ -44,7 +44,11 @@ from captiond.bench.peer_whisperlive import peer_language, stream_whisperlive, w
 from captiond.bench.report import Progress, plot_cdfs, print_table, write_json
 from captiond.bench.speech import SpeechRuns, speech_runs
 from captiond.bench.wer import NO_ERRORS, align, normalize, word_errors
-from captiond.engines import resolve_engine_config
+from captiond.engines.faster_whisper import (
+    WHOLE_FILE_SETTINGS,
+    transcribe_whole_file,
+    whole_file_compute_type,
+)
 from captiond.loop import run as run_loop
 from captiond.models import resolve_model
 from captiond.offline import transcribe_samples
@@ -259,11 +263,7 @@ def _bench_stream(args: argparse.Namespace) -> int:
 def _whole_file(env: common.BenchEnv) -> dict[str, Any]:
     """faster-whisper `transcribe` on every whole clip: the same weights, on the CPU with the
     engine's compute type for faster-whisper (float32 for torch_graph, whose CPU path is FP32)."""
-    from captiond.engines.faster_whisper import WHOLE_FILE_TEMPERATURES, transcribe_whole_file
-
-    engine = resolve_engine_config(env.config.engine)
-    on_cpu = engine.name == "faster-whisper" and engine.device == "cpu"
-    compute_type = engine.compute_type if on_cpu else "float32"
+    compute_type = whole_file_compute_type(env.config.engine)
     texts: dict[str, str] = {}
     clips: dict[str, Any] = {}
     progress = Progress("whole-file", len(env.clips))
@@ -279,9 +279,13 @@ def _whole_file(env: common.BenchEnv) -> dict[str, Any]:
         wer = None if c.kind == "nonspeech" else round(word_errors(c.text, texts[c.id]).wer, 4)
         clips[c.id] = {"text": texts[c.id], "wer": wer}
         progress.step(c.id)
-    settings = {"beam_size": 5, "temperature": WHOLE_FILE_TEMPERATURES, "vad_filter": False}
     overall = pooled_wer(env.clips, texts)
-    return {"compute_type": compute_type, "settings": settings, "clips": clips, "overall": overall}
+    return {
+        "compute_type": compute_type,
+        "settings": dict(WHOLE_FILE_SETTINGS),
+        "clips": clips,
+        "overall": overall,
+    }
 
 
 def _table(clips: list[common.Clip], data: dict[str, Any]) -> None:

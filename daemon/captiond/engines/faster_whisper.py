@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,7 @@ from captiond.engines import (
     new_token_budget,
     partial_token_cap,
     request_language,
+    resolve_engine_config,
     text_tokens,
     unit_probabilities,
     window_frames,
@@ -315,6 +317,20 @@ def token_probabilities(
 # At temperature 0 alone the reference looped: on 5 of the 353 English utterances (tiny.en,
 # 1,545 errors in 3,144 words against 778 with the fallback), on 58 s of German turns.
 WHOLE_FILE_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+# What `transcribe_whole_file` passes to faster-whisper, besides the language and the mode; the
+# bench JSONs that compare against the reference record it.
+WHOLE_FILE_SETTINGS: Mapping[str, object] = MappingProxyType(
+    {"beam_size": 5, "temperature": WHOLE_FILE_TEMPERATURES, "vad_filter": False}
+)
+
+
+def whole_file_compute_type(engine: EngineConfig) -> str:
+    """The compute type the reference decodes on the CPU with: the engine's own when the engine
+    is faster-whisper on the CPU, else float32 (torch_graph's CPU path is FP32; on a GPU
+    engine the reference is float32 on the CPU, the model's own precision)."""
+    resolved = resolve_engine_config(engine)
+    on_cpu = resolved.name == "faster-whisper" and resolved.device == "cpu"
+    return resolved.compute_type if on_cpu else "float32"
 
 
 def transcribe_whole_file(
@@ -324,7 +340,6 @@ def transcribe_whole_file(
     device: str,
     compute_type: str,
     language: str | None,
-    beam_size: int = 5,
     without_timestamps: bool = False,
     chinese_variant: str = "",
 ) -> str:
@@ -344,10 +359,8 @@ def transcribe_whole_file(
     segments, info = model.transcribe(
         audio,
         language=language,
-        beam_size=beam_size,
-        temperature=WHOLE_FILE_TEMPERATURES,
-        vad_filter=False,
         without_timestamps=without_timestamps,
+        **WHOLE_FILE_SETTINGS,
     )
     text = " ".join(s.text.strip() for s in segments if s.text.strip())
     return written(text, info.language, chinese_variant)
