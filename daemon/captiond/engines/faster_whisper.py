@@ -312,22 +312,21 @@ def token_probabilities(
     return probs
 
 
-# faster-whisper's default: a window whose text repeats itself (compression ratio over 2.4) or
-# that the model doubts (average log-prob under -1) is decoded again at the next temperature.
+# What `transcribe_whole_file` passes to faster-whisper besides the language and the mode, as
+# the bench JSONs that compare against the reference record it. The temperatures are
+# faster-whisper's default fallback: a window whose text repeats itself (compression ratio over
+# 2.4) or that the model doubts (average log-prob under -1) is decoded again at the next one.
 # At temperature 0 alone the reference looped: on 5 of the 353 English utterances (tiny.en,
 # 1,545 errors in 3,144 words against 778 with the fallback), on 58 s of German turns.
-WHOLE_FILE_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
-# What `transcribe_whole_file` passes to faster-whisper, besides the language and the mode; the
-# bench JSONs that compare against the reference record it.
 WHOLE_FILE_SETTINGS: Mapping[str, object] = MappingProxyType(
-    {"beam_size": 5, "temperature": WHOLE_FILE_TEMPERATURES, "vad_filter": False}
+    {"beam_size": 5, "temperature": (0.0, 0.2, 0.4, 0.6, 0.8, 1.0), "vad_filter": False}
 )
 
 
 def whole_file_compute_type(engine: EngineConfig) -> str:
-    """The compute type the reference decodes on the CPU with: the engine's own when the engine
-    is faster-whisper on the CPU, else float32 (torch_graph's CPU path is FP32; on a GPU
-    engine the reference is float32 on the CPU, the model's own precision)."""
+    """The compute type the reference decodes with on the CPU: the engine's own when the engine
+    is faster-whisper on the CPU, else float32 (torch_graph's CPU path is FP32; a GPU
+    engine's float16 is compared with float32 on the CPU)."""
     resolved = resolve_engine_config(engine)
     on_cpu = resolved.name == "faster-whisper" and resolved.device == "cpu"
     return resolved.compute_type if on_cpu else "float32"
