@@ -139,8 +139,9 @@ MULTI_CLIPS = ("de_cv_19679280", "fr_cv_20046123", "ru_cv_20212439", "zh_cv_1899
 
 def test_multilingual_detection_and_decode_under_graphs() -> None:
     """Whisper base on CUDA (FP16): language detection (eager, before the prefill) and decodes
-    in the detected language, one with <|translate|> and one detecting after 3 s of context,
-    replayed from the step graphs give the same languages and tokens as the same engine eager."""
+    in the detected language, one with <|translate|>, one detecting after 3 s of context, one
+    among two other languages and one switching from the session's language, replayed from
+    the step graphs give the same languages and tokens as the same engine eager."""
     if not (SPEECH_MULTI_DIR / "manifest.jsonl").is_file():
         missing_tool(f"multilingual speech corpus not found at {SPEECH_MULTI_DIR}")
     try:
@@ -168,6 +169,21 @@ def test_multilingual_detection_and_decode_under_graphs() -> None:
             detect_from_sample=context.size,
         )
     )
+    # Detected among two languages the clip is not in (its language's tokens are left out of
+    # the choice), and a French clip in a session that was Russian so far (switched, on odds).
+    requests.append(
+        EngineRequest(
+            audio=audio["zh_cv_18995711"],
+            kind=DecodeKind.FINAL,
+            language=None,
+            candidates=("fr", "ru"),
+        )
+    )
+    requests.append(
+        EngineRequest(
+            audio=audio["fr_cv_20046123"], kind=DecodeKind.FINAL, language=None, language_hint="ru"
+        )
+    )
     config = EngineConfig(name="torch_graph", device="cuda", compute_type="float16")
     outputs = []
     for graphs in (True, False):
@@ -182,8 +198,11 @@ def test_multilingual_detection_and_decode_under_graphs() -> None:
     graphed, eager = outputs
     assert [(r.language, r.tokens) for r in graphed] == [(r.language, r.tokens) for r in eager]
     languages = [i.split("_")[0] for i in MULTI_CLIPS]
-    assert [r.language for r in graphed] == [*languages, "de", "fr"]
-    assert all(r.language_probability > 0.9 for r in graphed)
+    assert [r.language for r in graphed[:6]] == [*languages, "de", "fr"]
+    assert all(r.language_probability > 0.9 for r in graphed[:6])
+    assert graphed[6].language in ("fr", "ru")
+    assert (graphed[7].language, graphed[7].switch_language) == ("fr", None)
+    assert graphed[7].tokens == graphed[1].tokens
     # Translated: another decode of the German clip, in English words.
     assert graphed[4].tokens != graphed[0].tokens
     words = graphed[4].text.split()
