@@ -1332,6 +1332,26 @@ def test_a_final_that_runs_out_of_tokens_after_its_prefix_is_decoded_again_alone
     assert alone.end_sample == with_prefix.end_sample
 
 
+def test_a_loop_the_engine_stopped_is_dropped_as_a_repetitive_one() -> None:
+    """torch_graph stops a loop early (`EngineResult.looped`), before its text is repetitive
+    enough for the compression-ratio rule: it is dropped all the same, not sent as a final
+    (with context, the final is then decoded again alone, as one the rule dropped)."""
+    finals: list[EngineRequest] = []
+
+    def decode(request: EngineRequest) -> EngineResult:
+        finals.append(request)
+        if len(finals) == 1:
+            return EngineResult(text="Thank you.", avg_logprob=-0.2, no_speech_prob=0.05)
+        loop = "so we we we we"
+        return EngineResult(text=loop, compression_ratio=1.3, truncated=True, looped=True)
+
+    driver = Driver(decode, stream=NO_CONTEXT, partials=False)
+    two_utterances(driver)
+    driver.control(Control.END)
+    assert len(finals) == 2
+    assert [f.text for f in driver.of(Final)] == ["Thank you."]
+
+
 def test_a_truncated_final_without_a_prefix_is_not_decoded_again() -> None:
     # The prompt does not count in the decode's budget (fit_prompt keeps it under 224 tokens):
     # alone, the final would have no more room.

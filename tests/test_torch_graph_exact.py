@@ -31,6 +31,10 @@ from captiond.engines import (  # noqa: E402
 )
 from captiond.engines.faster_whisper import token_probabilities  # noqa: E402
 from captiond.engines.torch_graph import TorchGraphEngine  # noqa: E402
+from captiond.engines.torch_graph.decode import (  # noqa: E402
+    LOOP_MAX_PERIOD_TOKENS,
+    LOOP_RUN_TOKENS,
+)
 from captiond.engines.torch_graph.mel import N_FRAMES  # noqa: E402
 from captiond.models import resolve_model  # noqa: E402
 from captiond.text import units  # noqa: E402
@@ -246,6 +250,30 @@ def test_both_engines_say_when_a_decode_runs_out_of_tokens(
         assert ours.truncated is theirs.truncated is truncated
         if truncated:
             assert len(ours.tokens) == budget
+
+
+def test_a_loop_stops_early_where_faster_whisper_runs_to_its_budget(
+    engine: TorchGraphEngine, reference: Engine, jfk: npt.NDArray[np.float32]
+) -> None:
+    """After a forced prefix that repeats itself, greedy Whisper goes on repeating it ("ha ha
+    …", one token; "arms, arms, …", two). faster-whisper runs to the budget (over 200 tokens);
+    torch_graph stops such a row soon after its last LOOP_RUN_TOKENS tokens repeat
+    (`GreedyDecoder.stop_loops`) and says so: the same tokens, cut short. The batch's other row
+    goes on to its end."""
+    loops = ("Ha ha ha ha ha ha ha ha ha ha ha", "Arms, arms, arms, arms, arms, arms, arms,")
+    requests = [
+        EngineRequest(audio=jfk, kind=DecodeKind.FINAL, language="en", prefix=prefix)
+        for prefix in (*loops, "")
+    ]
+    ours = engine.transcribe_batch(requests)
+    theirs = reference.transcribe_batch(requests)
+    latest_stop = LOOP_RUN_TOKENS + LOOP_MAX_PERIOD_TOKENS + engine.check_every_steps
+    for looping, their in zip(ours[:2], theirs[:2], strict=True):
+        assert their.truncated and not their.looped and len(their.tokens) > 200
+        assert looping.looped and looping.truncated
+        assert LOOP_RUN_TOKENS < len(looping.tokens) <= latest_stop
+        assert looping.tokens == their.tokens[: len(looping.tokens)]
+    assert not ours[2].looped and not ours[2].truncated and ours[2].tokens == theirs[2].tokens
 
 
 def test_both_engines_cap_a_partial_at_the_same_token(

@@ -624,8 +624,9 @@ class StreamSession:
         )
 
     def _is_hallucination(self, request: DecodeRequest, result: EngineResult) -> bool:
-        """Whisper's rules (silent-looking and unsure, or too repetitive), plus sparse-and-unsure
-        text over long audio, and text without a single letter or digit."""
+        """Whisper's rules (silent-looking and unsure, or too repetitive: a loop the engine
+        stopped is too), plus sparse-and-unsure text over long audio, and text without a single
+        letter or digit."""
         cfg = self._stream
         if not has_word(result.text):
             return True
@@ -645,7 +646,8 @@ class StreamSession:
             and words < cfg.sparse_words_per_s * duration_s
             and result.avg_logprob < cfg.sparse_logprob_threshold
         )
-        return silent or sparse or result.compression_ratio > cfg.compression_ratio_threshold
+        repetitive = result.looped or result.compression_ratio > cfg.compression_ratio_threshold
+        return silent or sparse or repetitive
 
     def _take_language(self, utt: _Utterance, request: DecodeRequest, result: EngineResult) -> bool:
         """Decide the utterance's language from the decode that detected it; False when that

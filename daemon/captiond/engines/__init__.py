@@ -118,8 +118,13 @@ class EngineResult:
     # After a forced prefix, text without one was written right after it ("加进" + "38年").
     spaced: bool = True
     # The decode stopped at its token budget (`new_token_budget`; a partial's cap,
-    # `partial_token_cap`), not at <|endoftext|>: the words after `text` were not written.
+    # `partial_token_cap`) or as a loop (`looped`), not at <|endoftext|>: the words after
+    # `text` were not written.
     truncated: bool = False
+    # torch_graph stopped it because its last tokens repeat with a short period
+    # (torch_graph/decode.py, `LOOP_RUN_TOKENS`): `text` is the start of a loop, which the
+    # session drops as Whisper's compression-ratio rule would drop the whole one.
+    looped: bool = False
 
 
 def begins_with_space(written: str) -> bool:

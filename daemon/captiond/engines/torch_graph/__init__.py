@@ -12,7 +12,8 @@ trimmed window, as faster-whisper's; rows longest first) writing cross-attention
 detection where a request asks for it (one eager decoder step; requests whose detection window
 starts later get their own batched encoder pass first), an eager prefill of the prompts (language
 and task tokens included), then the single-token step replayed from a CUDA graph of the batch's
-bucket; the host looks at the finished flags every `check_every_steps` steps. On the CPU the same
+bucket; every `check_every_steps` steps, rows caught in a loop are stopped and the host looks at
+the finished flags. On the CPU the same
 code runs eagerly in FP32 (how CI tests it).
 """
 
@@ -269,8 +270,10 @@ class TorchGraphEngine:
                 # The prefill chose the first token; the step makes the rest.
                 for step in range(max(plan.max_new_tokens for plan in plans) - 1):
                     self.graphs.run(bucket)
-                    if (step + 1) % self.check_every_steps == 0 and self.decoder.all_finished(n):
-                        break
+                    if (step + 1) % self.check_every_steps == 0:
+                        self.decoder.stop_loops(n)
+                        if self.decoder.all_finished(n):
+                            break
             with phase("read_back"):
                 rows = self.decoder.read_back(no_speech, n)
         with phase("results"):
@@ -305,6 +308,7 @@ class TorchGraphEngine:
                     unit_probs=unit_probs,
                     spaced=begins_with_space(written),
                     truncated=row.truncated,
+                    looped=row.looped,
                 )
             )
         return results

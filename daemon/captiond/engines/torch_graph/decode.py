@@ -10,7 +10,9 @@ Rules copied from CTranslate2's WhisperReplica::generate + GreedySearch (what fa
 calls): the prompt minus its last token is the prefill; <|nospeech|> probability is the softmax
 at the <|startoftranscript|> position; every step masks `suppress_ids`, the first step also
 `suppress_ids_begin`; log-probabilities are taken after masking; at most
-min(224, 448 - (len(prompt) - 1)) tokens are generated, <|endoftext|> included.
+min(224, 448 - (len(prompt) - 1)) tokens are generated, <|endoftext|> included. One rule is
+ours (`GreedyDecoder.stop_loops`): a row whose last tokens repeat with a short period is
+finished there and marked looped, instead of running to its budget.
 
 Language detection is Whisper's (openai/whisper `detect_language`, CTranslate2's
 WhisperReplica::detect_language): one eager decoder step on [<|startoftranscript|>] against the
@@ -37,7 +39,8 @@ class DecodedRow:
     token_logprobs: tuple[float, ...]  # of each of `tokens` with its case variants (`_select`)
     avg_logprob: float
     no_speech_prob: float
-    truncated: bool  # stopped at its token budget, before <|endoftext|>
+    truncated: bool  # stopped at its token budget or as a loop, before <|endoftext|>
+    looped: bool  # stopped by `GreedyDecoder.stop_loops`
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,9 +55,19 @@ class StepState:
     cum_logprob: torch.Tensor  # [B] float32
     out_tokens: torch.Tensor  # [B, n_text_ctx] int64
     out_logprobs: torch.Tensor  # [B, n_text_ctx] float32, of each out_tokens with its variants
+    looped: torch.Tensor  # [B] bool, finished by `GreedyDecoder.stop_loops`
 
 
 _ROW_FIELDS = 3  # per prefill row after its prompt: last prompt index, sot index, token budget
+
+# A row whose last LOOP_RUN_TOKENS tokens each equal the token p before them, for some period
+# p <= LOOP_MAX_PERIOD_TOKENS, is looping ("the 雙雙雙…", "engraved in relief, engraved in
+# relief, …"): greedy Whisper does not leave such a loop, and the session's filters drop what
+# it wrote (Whisper's compression-ratio rule). Without the stop it runs to its budget, ~200
+# tokens, and on a GPU holds every row of its batch that long. The longest such run in every
+# decode the committed bench results hold is 18 tokens, itself a loop ("arms, arms, …").
+LOOP_RUN_TOKENS = 32
+LOOP_MAX_PERIOD_TOKENS = 16
 
 
 def _mask(n_vocab: int, token_ids: Sequence[int], device: torch.device) -> torch.Tensor:
@@ -126,7 +139,13 @@ class GreedyDecoder:
             cum_logprob=zeros(rows, dtype=torch.float32),
             out_tokens=zeros(rows, cache.n_text_ctx),
             out_logprobs=zeros(rows, cache.n_text_ctx, dtype=torch.float32),
+            looped=zeros(rows, dtype=torch.bool),
         )
+        # stop_loops' offsets: each of the last LOOP_RUN_TOKENS tokens, and the one p before it.
+        back = torch.arange(1, LOOP_RUN_TOKENS + 1)
+        periods = torch.arange(1, LOOP_MAX_PERIOD_TOKENS + 1)
+        self._loop_recent = back.to(device)
+        self._loop_earlier = (back[None, :] + periods[:, None]).flatten().to(device)
         # Host mirrors, pinned on CUDA so device-to-host copies are async DMA.
         pinned = device.type == "cuda"
         self.host_finished = torch.zeros(rows, dtype=torch.bool, pin_memory=pinned)
@@ -139,6 +158,7 @@ class GreedyDecoder:
             (rows, cache.n_text_ctx), dtype=torch.float32, pin_memory=pinned
         )
         self.host_no_speech = torch.zeros(rows, dtype=torch.float32, pin_memory=pinned)
+        self.host_looped = torch.zeros(rows, dtype=torch.bool, pin_memory=pinned)
         # The prefill's inputs, a row per request: its prompt (padded), then the index of the
         # prompt's last token and of <|startoftranscript|>, and its token budget; one copy, and
         # the host does not wait for the encoder before it queues the prefill.
@@ -201,6 +221,7 @@ class GreedyDecoder:
         state.cum_logprob[:n].copy_(first_logprob)
         state.out_tokens[:n, 0].copy_(first)
         state.out_logprobs[:n, 0].copy_(first_text_logprob)
+        state.looped[:bucket].fill_(False)
         return no_speech
 
     def step(self, bucket: int) -> None:
@@ -221,6 +242,21 @@ class GreedyDecoder:
         # Clamp: a row that just finished must not index past the cache on later replays.
         positions.add_(active.long()).clamp_(max=self.cache.n_text_ctx - 1)
         tokens.copy_(chosen)
+
+    def stop_loops(self, n: int) -> None:
+        """Finish the first n rows that are looping (`LOOP_RUN_TOKENS`) and mark them looped.
+        Device-only work, queued between step replays (not captured: it runs every
+        `check_every_steps` steps, not every step)."""
+        s = self.state
+        counts, out = s.counts[:n], s.out_tokens[:n]
+        # Indices past a row's start read column 0: harmless, `long_enough` rules them out.
+        recent = out.gather(1, (counts[:, None] - self._loop_recent).clamp_(min=0))
+        earlier = out.gather(1, (counts[:, None] - self._loop_earlier).clamp_(min=0))
+        same = earlier.view(n, LOOP_MAX_PERIOD_TOKENS, LOOP_RUN_TOKENS) == recent[:, None]
+        long_enough = counts[:, None] >= self._loop_earlier.view(LOOP_MAX_PERIOD_TOKENS, -1)[:, -1]
+        looping = (same.all(dim=-1) & long_enough).any(dim=-1) & ~s.finished[:n]
+        s.looped[:n].logical_or_(looping)
+        s.finished[:n].logical_or_(looping)
 
     def _to_host(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         for host, device_tensor in pairs:
@@ -246,6 +282,7 @@ class GreedyDecoder:
                 (self.host_tokens[:n], s.out_tokens[:n]),
                 (self.host_logprobs[:n], s.out_logprobs[:n]),
                 (self.host_no_speech[:n], no_speech.float()),
+                (self.host_looped[:n], s.looped[:n]),
             ]
         )
         counts = self.host_counts[:n].tolist()
@@ -255,6 +292,7 @@ class GreedyDecoder:
         logprobs = self.host_logprobs[:n, :longest].tolist()
         cum = self.host_cum[:n].tolist()
         no_speech_host = self.host_no_speech[:n].tolist()
+        looped = self.host_looped[:n].tolist()
         rows = []
         for i in range(n):
             generated = out[i][: counts[i]]
@@ -269,6 +307,7 @@ class GreedyDecoder:
                     avg_logprob=cum[i] / (len(generated) + 1),
                     no_speech_prob=no_speech_host[i],
                     truncated=not ended,
+                    looped=looped[i],
                 )
             )
         return rows
