@@ -141,11 +141,10 @@ class GreedyDecoder:
             out_logprobs=zeros(rows, cache.n_text_ctx, dtype=torch.float32),
             looped=zeros(rows, dtype=torch.bool),
         )
-        # stop_loops' offsets: each of the last LOOP_RUN_TOKENS tokens, and the one p before it.
-        back = torch.arange(1, LOOP_RUN_TOKENS + 1)
-        periods = torch.arange(1, LOOP_MAX_PERIOD_TOKENS + 1)
-        self._loop_recent = back.to(device)
-        self._loop_earlier = (back[None, :] + periods[:, None]).flatten().to(device)
+        # stop_loops' offsets back from a row's end: its last LOOP_RUN_TOKENS tokens, and the
+        # periods they are compared over.
+        self._loop_back = torch.arange(1, LOOP_RUN_TOKENS + 1).to(device)
+        self._loop_periods = torch.arange(1, LOOP_MAX_PERIOD_TOKENS + 1).to(device)
         # Host mirrors, pinned on CUDA so device-to-host copies are async DMA.
         pinned = device.type == "cuda"
         self.host_finished = torch.zeros(rows, dtype=torch.bool, pin_memory=pinned)
@@ -249,12 +248,14 @@ class GreedyDecoder:
         `check_every_steps` steps, not every step)."""
         s = self.state
         counts, out = s.counts[:n], s.out_tokens[:n]
-        # Indices past a row's start read column 0: harmless, `long_enough` rules them out.
-        recent = out.gather(1, (counts[:, None] - self._loop_recent).clamp_(min=0))
-        earlier = out.gather(1, (counts[:, None] - self._loop_earlier).clamp_(min=0))
-        same = earlier.view(n, LOOP_MAX_PERIOD_TOKENS, LOOP_RUN_TOKENS) == recent[:, None]
-        long_enough = counts[:, None] >= self._loop_earlier.view(LOOP_MAX_PERIOD_TOKENS, -1)[:, -1]
-        looping = (same.all(dim=-1) & long_enough).any(dim=-1) & ~s.finished[:n]
+        recent_at = counts[:, None] - self._loop_back  # [n, run]
+        earlier_at = recent_at[:, None, :] - self._loop_periods[:, None]  # [n, periods, run]
+        # Indices before a row's start read column 0: harmless, `long_enough` rules them out.
+        recent = out.gather(1, recent_at.clamp(min=0))
+        earlier = out.gather(1, earlier_at.flatten(1).clamp(min=0)).view(earlier_at.shape)
+        long_enough = counts[:, None] >= LOOP_RUN_TOKENS + self._loop_periods  # [n, periods]
+        repeats = (earlier == recent[:, None]).all(dim=-1)
+        looping = (repeats & long_enough).any(dim=-1) & ~s.finished[:n]
         s.looped[:n].logical_or_(looping)
         s.finished[:n].logical_or_(looping)
 
