@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("torch")
 
 from captiond.bench.engine import add_engine_parser
+from captiond.errors import ConfigError
 
 pytestmark = pytest.mark.model
 
@@ -59,9 +60,31 @@ def test_bench_engine_beside_python_is_a_share(tmp_path: Path, duty: str) -> Non
     add_engine_parser(parser.add_subparsers(dest="bench_command", required=True))
     out = tmp_path / "bench.json"
     args = parser.parse_args(["engine", "--beside-python", duty, "--out", str(out)])
-    with pytest.raises(SystemExit, match="share of the time"):
+    with pytest.raises(ConfigError, match="share of the time"):
         args.func(args)
     assert not out.exists()
+
+
+def test_bench_engine_says_which_audio_it_cannot_read(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    add_engine_parser(parser.add_subparsers(dest="bench_command", required=True))
+    out = tmp_path / "bench.json"
+    args = parser.parse_args(["engine", "--audio", str(tmp_path / "none.wav"), "--out", str(out)])
+    with pytest.raises(ConfigError, match=r"--audio: cannot read .*none\.wav"):
+        args.func(args)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("batches", ["1,x", "0,8", ","])
+def test_bench_engine_batch_sizes_are_counts(
+    tmp_path: Path, batches: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = argparse.ArgumentParser()
+    add_engine_parser(parser.add_subparsers(dest="bench_command", required=True))
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(["engine", "--batch", batches, "--out", str(tmp_path / "b.json")])
+    assert exit_.value.code == 2
+    assert "argument --batch: " in capsys.readouterr().err
 
 
 def test_bench_engine_random_weights_skip_faster_whisper(tmp_path: Path) -> None:
@@ -159,6 +182,6 @@ def test_bench_engine_peer_without_transformers_says_how_to_install(
     add_engine_parser(parser.add_subparsers(dest="bench_command", required=True))
     argv = ["engine", "--device", "cpu", "--peer", "transformers", "--out", str(tmp_path / "b")]
     args = parser.parse_args(argv)
-    with pytest.raises(SystemExit, match="pip install transformers"):
+    with pytest.raises(ConfigError, match="pip install transformers"):
         args.func(args)
     assert not (tmp_path / "b").exists()

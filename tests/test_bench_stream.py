@@ -67,3 +67,30 @@ def test_bench_stream_refuses_clips_in_another_language(
     assert main(argv) == 2
     assert "clips in de: `captiond bench languages`" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["--clips", "utterances"], "--clips: 'utterances' is neither a kind"),
+        (["--clips", "utterance:two"], "--clips: 'utterance:two': the count after utterance:"),
+        (["--set", "final_beam_size=3"], "--set expects section.key=value"),
+        (["--set", "stream.final_beam=3"], "unknown key(s) in [stream]: final_beam"),
+        (["--manifest", "nowhere/manifest.jsonl"], "no speech corpus manifest at nowhere"),
+    ],
+)
+def test_a_bench_option_mistake_is_one_line_and_exit_2(
+    speech_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    options: list[str],
+    said: str,
+) -> None:
+    """As `serve` answers a configuration mistake: `captiond: error: …` and exit 2, before the
+    model loads, not a traceback."""
+    argv = ["bench", "stream", "--out", str(tmp_path)]
+    argv += ["--manifest", str(speech_dir / "manifest.jsonl"), *options]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("captiond: error: ") and said in err and "Traceback" not in err
+    assert not list(tmp_path.iterdir())

@@ -41,6 +41,7 @@ from captiond.bench.report import (
     GpuMonitor,
     Progress,
     ResourceMonitor,
+    count_list,
     gpu_facts,
     plot_capacity,
     print_table,
@@ -67,21 +68,11 @@ _ENGINE_SAMPLES = (
 )
 
 
-def _levels(text: str) -> list[int]:
-    try:
-        levels = [int(n) for n in text.split(",") if n.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a comma list of counts, got {text!r}") from None
-    if not levels or min(levels) < 1:
-        raise argparse.ArgumentTypeError(f"stream counts must be >= 1, got {text!r}")
-    return levels
-
-
 def add_capacity_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("capacity", help="most live real-time streams within latency bounds")
     common.add_options(p, default_clips="long")
     p.add_argument(
-        "--streams", type=_levels, default=[1, 2, 4, 6, 8, 12], help="comma list of live streams"
+        "--streams", type=count_list, default=[1, 2, 4, 6, 8, 12], help="comma list of live streams"
     )
     p.add_argument("--duration-s", type=float, default=60.0, help="audio per stream (default 60)")
     p.add_argument(

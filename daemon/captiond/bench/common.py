@@ -112,13 +112,15 @@ def select_clips(entries: list[dict[str, Any]], spec: str) -> list[dict[str, Any
             pool = [e for e in entries if e["kind"] == kind]
             if kind == "utterance":
                 pool = [e for e in pool if e.get("ref_quality") == "exact"]
+            if count and not (count.isdecimal() and int(count) > 0):
+                raise ConfigError(f"--clips: {item!r}: the count after {kind}: is a number ≥ 1")
             n = int(count) if count else len(pool)
             step = max(1, len(pool) // max(n, 1)) if kind == "utterance" else 1
             chosen += pool[::step][:n]
         elif item in by_id:
             chosen.append(by_id[item])
         else:
-            raise ValueError(f"--clips: {item!r} is neither a kind ({', '.join(KINDS)}) nor an id")
+            raise ConfigError(f"--clips: {item!r} is neither a kind ({', '.join(KINDS)}) nor an id")
     return chosen
 
 
@@ -133,8 +135,14 @@ def write_wav(path: Path, samples: npt.NDArray[np.floating[Any]]) -> None:
 
 def read_manifest(manifest: Path) -> list[dict[str, Any]]:
     """A corpus manifest's entries (one JSON object per line), in order."""
-    with manifest.open(encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    try:
+        with manifest.open(encoding="utf-8") as fh:
+            return [json.loads(line) for line in fh if line.strip()]
+    except FileNotFoundError:
+        raise ConfigError(
+            f"no speech corpus manifest at {manifest}: give one with --manifest, or the"
+            " corpus's folder in $CAPTIOND_SPEECH_DIR"
+        ) from None
 
 
 def load_clips(manifest: Path, spec: str, max_s: float | None) -> list[Clip]:

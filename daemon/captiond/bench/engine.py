@@ -34,9 +34,11 @@ import numpy as np
 import numpy.typing as npt
 
 import captiond
+from captiond.bench.report import count_list
+from captiond.errors import ConfigError
 from captiond.models import model_display_name, resolve_model
 from captiond.scheduler import ENGINE_SWITCH_INTERVAL_S
-from captiond_client.audiofile import read_audio_16k_mono
+from captiond_client.audiofile import AudioFileError, read_audio_16k_mono
 
 SAMPLE_RATE_HZ = 16_000
 SYNTHETIC_AUDIO_S = 10.0
@@ -53,7 +55,12 @@ def add_engine_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = sub.add_parser("engine", help="engine speed: encoder, decode step, end to end (JSON)")
     p.add_argument("--engine", default=",".join(ENGINES), help="comma list of engines")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if seen")
-    p.add_argument("--batch", default=None, help="comma list; default 1,8,32,128 (cuda), 1,2 (cpu)")
+    p.add_argument(
+        "--batch",
+        type=count_list,
+        default=None,
+        help="comma list; default 1,8,32,128 (cuda), 1,2 (cpu)",
+    )
     p.add_argument("--steps", type=int, default=None, help="decode steps timed (128 cuda, 16 cpu)")
     p.add_argument("--random-weights", default=None, metavar="SHAPE", help="tiny ... large-v3")
     p.add_argument(
@@ -109,7 +116,10 @@ def _load_audio(path: Path | None) -> tuple[npt.NDArray[np.float32], str]:
         tones = sum(np.sin(2 * np.pi * f_hz * t_s) for f_hz in (220.0, 440.0, 1200.0))
         audio = (0.05 * envelope * (tones + rng.standard_normal(t_s.size))).astype(np.float32)
         return audio, f"synthetic {SYNTHETIC_AUDIO_S:g} s"
-    return read_audio_16k_mono(path)[: 30 * SAMPLE_RATE_HZ], str(path)
+    try:
+        return read_audio_16k_mono(path)[: 30 * SAMPLE_RATE_HZ], str(path)
+    except (AudioFileError, OSError) as exc:
+        raise ConfigError(f"--audio: cannot read {str(path)!r}: {exc}") from None
 
 
 def _version(package: str) -> str | None:
@@ -253,27 +263,26 @@ def _faster_whisper(
 
 def run_engine_bench(args: argparse.Namespace) -> dict[str, Any]:
     device = args.device or ("cuda" if _cuda_seen() else "cpu")
-    default_batches = "1,8,32,128" if device == "cuda" else "1,2"
-    batches = [int(b) for b in (args.batch or default_batches).split(",")]
+    batches: list[int] = args.batch or ([1, 8, 32, 128] if device == "cuda" else [1, 2])
     steps = args.steps or (128 if device == "cuda" else 16)
     engines = [e.strip() for e in args.engine.split(",") if e.strip()]
     unknown = sorted(set(engines) - set(ENGINES))
     if unknown:
-        raise SystemExit(f"unknown engine(s) {', '.join(unknown)}; choose from {ENGINES}")
+        raise ConfigError(f"unknown engine(s) {', '.join(unknown)}; choose from {ENGINES}")
     peer: str | None = args.peer
     # Checked before anything is measured: the engines can take minutes.
     if peer == "transformers" and not all(
         importlib.util.find_spec(m) for m in ("torch", "transformers")
     ):
-        raise SystemExit(
+        raise ConfigError(
             "--peer transformers needs Hugging Face transformers and torch: "
             "pip install transformers torch (or pip install 'captiond[bench,torch]')"
         )
     if peer and steps < 2:
-        raise SystemExit("--peer times the decode step as a difference: --steps must be ≥ 2")
+        raise ConfigError("--peer times the decode step as a difference: --steps must be ≥ 2")
     duty: float | None = args.beside_python
     if duty is not None and not 0 < duty < 1:
-        raise SystemExit(f"--beside-python is a share of the time, above 0 and below 1: {duty}")
+        raise ConfigError(f"--beside-python is a share of the time, above 0 and below 1: {duty}")
     beside = None if duty is None else beside_python(duty)
     # This command has no config file: --download alone asks for a download.
     model_path = resolve_model(

@@ -1,4 +1,5 @@
-"""What every bench run writes: machine facts, versions, config, JSON, a terminal table, plots.
+"""What every bench run writes: machine facts, versions, config, JSON, a terminal table, plots;
+and the options every bench reads alike (comma lists of counts, `--set` overrides).
 
 Main thread, except `ResourceMonitor` and `GpuMonitor`, which sample CPU and memory, and the
 GPU's busy share (through pynvml, when it is installed), each on its own thread. matplotlib is
@@ -7,6 +8,7 @@ imported only when a plot is drawn (extra `bench`).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import importlib
 import importlib.metadata
@@ -23,8 +25,20 @@ from typing import Any
 
 from captiond.bench.metrics import percentile
 from captiond.config import Config, config_from_mapping
+from captiond.errors import ConfigError
 
 _VERSIONED = ("captiond", "faster-whisper", "ctranslate2", "numpy", "websockets", "torch")
+
+
+def count_list(text: str) -> list[int]:
+    """An argparse type: a comma list of counts, each ≥ 1 (stream counts, batch sizes)."""
+    try:
+        counts = [int(n) for n in text.split(",") if n.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma list of counts, got {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"counts must be >= 1, got {text!r}")
+    return counts
 
 
 def parse_settings(settings: Sequence[str], base: Config) -> Config:
@@ -34,7 +48,7 @@ def parse_settings(settings: Sequence[str], base: Config) -> Config:
         key, sep, raw = item.partition("=")
         section, dot, name = key.partition(".")
         if not (sep and dot):
-            raise ValueError(f"--set expects section.key=value, got {item!r}")
+            raise ConfigError(f"--set expects section.key=value, got {item!r}")
         try:
             value = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
