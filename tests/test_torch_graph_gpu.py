@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 from captiond.config import EngineConfig  # noqa: E402
 from captiond.engines import DecodeKind, EngineRequest  # noqa: E402
 from captiond.engines.torch_graph import TorchGraphEngine  # noqa: E402
+from captiond.engines.torch_graph.decode import LOOP_MAX_PERIOD_TOKENS, LOOP_RUN_TOKENS  # noqa: E402
 from captiond.engines.torch_graph.model import inference  # noqa: E402
 from captiond.errors import ModelNotFoundError  # noqa: E402
 from captiond.models import resolve_model  # noqa: E402
@@ -130,6 +131,32 @@ def test_audio_prefill_and_captured_step_do_not_sync(
         finally:
             torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
+
+
+def test_a_loop_stops_under_graphs_as_it_does_eagerly(
+    graphed: TorchGraphEngine, jfk: np.ndarray
+) -> None:
+    """`GreedyDecoder.stop_loops` runs eagerly between graph replays, on the device's copy of
+    the tokens: with test_torch_graph_exact's looping prefixes (one token repeated, then two)
+    a row stops at the same token with the graphs as without them, within its bound, and the
+    batch's third row decodes to its end (three rows and a padding row in the bucket of 4)."""
+    loops = ("Ha ha ha ha ha ha ha ha ha ha ha", "Arms, arms, arms, arms, arms, arms, arms,")
+    requests = [
+        EngineRequest(audio=jfk, kind=DecodeKind.FINAL, language="en", prefix=prefix)
+        for prefix in (*loops, "")
+    ]
+    eager = _engine(graphs=False)
+    try:
+        theirs = eager.transcribe_batch(requests)
+    finally:
+        eager.close()
+    ours = graphed.transcribe_batch(requests)
+    assert [r.tokens for r in ours] == [r.tokens for r in theirs]
+    latest_stop = LOOP_RUN_TOKENS + LOOP_MAX_PERIOD_TOKENS + graphed.check_every_steps
+    for looping in ours[:2]:
+        assert looping.looped and looping.truncated
+        assert LOOP_RUN_TOKENS < len(looping.tokens) <= latest_stop
+    assert not ours[2].looped and not ours[2].truncated
 
 
 # Multilingual (Whisper base): clips its detection takes for their own language at p >= 0.96.
