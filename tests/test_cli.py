@@ -367,6 +367,15 @@ def test_the_prompt_option_sets_the_daemons_default_prompt() -> None:
     assert too_long.returncode == 2 and "[stream] prompt is 1001 characters long" in too_long.stderr
 
 
+def test_the_beam_option_sets_every_finals_beam() -> None:
+    """`serve --beam 1`: greedy finals (torch_graph's most streams per GPU); 0 is refused."""
+    serve = [*CAPTIOND, "serve", "--print-config", "--beam"]
+    run = subprocess.run([*serve, "1"], capture_output=True, text=True, timeout=60, check=True)
+    assert "final_beam_size = 1" in run.stdout and "context_beam_size = 1" in run.stdout
+    zero = subprocess.run([*serve, "0"], capture_output=True, text=True, timeout=60)
+    assert zero.returncode == 2 and "final_beam_size must be 1 or more" in zero.stderr
+
+
 def test_transcribe_explains_a_file_it_cannot_read(tmp_path: Path) -> None:
     text = tmp_path / "notes.wav"
     text.write_text("not audio")

@@ -232,18 +232,48 @@ def test_greedy_tokens_identical_to_faster_whisper(
     assert not mismatches, f"token mismatch on clips {mismatches}"
 
 
+def test_beam_finals_identical_to_faster_whisper(
+    engine: TorchGraphEngine,
+    reference: Engine,
+    clips: list[EngineRequest],
+    singles: list[EngineResult],
+) -> None:
+    """Finals with the session's beams (5 alone, 3 after a forced prefix), in one call: each
+    beam size decodes in batches of its own (in 8 rows, one request of beam 5 or two of beam
+    3, with different prompts), and every result is faster-whisper's beam search's, its score
+    included."""
+    requests = [dataclasses.replace(r, beam_size=3 if r.prefix else 5) for r in clips]
+    ours = engine.transcribe_batch(requests)
+    theirs = reference.transcribe_batch(requests)
+    mismatches = [
+        i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a.tokens != b.tokens
+    ]
+    assert not mismatches, f"token mismatch on clips {mismatches}"
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.text == b.text and a.truncated is b.truncated
+        assert a.avg_logprob == pytest.approx(b.avg_logprob, abs=1e-3)
+        assert a.no_speech_prob == pytest.approx(b.no_speech_prob, abs=1e-3)
+    changed = sum(a.tokens != greedy.tokens for a, greedy in zip(ours, singles, strict=True))
+    print(f"{len(clips)} clips token-identical at beam 5/3; the beam changed {changed}")
+    assert changed > 0, "the beam decodes as greedy would: the test proves nothing"
+
+
+@pytest.mark.parametrize("beam", [1, 5])
 def test_both_engines_say_when_a_decode_runs_out_of_tokens(
-    engine: TorchGraphEngine, reference: Engine, jfk: npt.NDArray[np.float32]
+    engine: TorchGraphEngine, reference: Engine, jfk: npt.NDArray[np.float32], beam: int
 ) -> None:
     """A forced prefix counts in the decode's budget (new_token_budget): after 13 copies of the
     sentence (~220 tokens) the JFK clip has room for a few tokens only. Both engines stop at
-    the same token and say so (the session then decodes the final again alone)."""
+    the same token and say so (the session then decodes the final again alone); a beam keeps
+    its best hypothesis at the last step."""
     text = "And so, my fellow Americans, ask not what your country can do for you;"
     long_prefix = " ".join([text] * 13)
     budget = engine.tokens.prompt("", "en", long_prefix).max_new_tokens
     assert 0 < budget < 10, "the prefix leaves fewer tokens than the clip's words need"
     for prefix, truncated in (("", False), (long_prefix, True)):
-        request = EngineRequest(audio=jfk, kind=DecodeKind.FINAL, language="en", prefix=prefix)
+        request = EngineRequest(
+            audio=jfk, kind=DecodeKind.FINAL, language="en", prefix=prefix, beam_size=beam
+        )
         (ours,) = engine.transcribe_batch([request])
         (theirs,) = reference.transcribe_batch([request])
         assert ours.tokens == theirs.tokens

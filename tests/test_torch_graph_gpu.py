@@ -159,6 +159,36 @@ def test_a_loop_stops_under_graphs_as_it_does_eagerly(
     assert not ours[2].looped and not ours[2].truncated
 
 
+def test_beam_finals_on_cuda_match_the_cpu_and_leave_the_graphs_intact(
+    graphed: TorchGraphEngine, clips: list[EngineRequest]
+) -> None:
+    """Beam finals (beam.py) run eagerly on CUDA beside the captured greedy step. In FP32 they
+    give the CPU's tokens, which CI holds to CTranslate2's beam search, but for a near-tie;
+    FP16 tracks FP32 as greedy does; and a greedy batch replayed from the graphs after a beam
+    batch (which rewrote the KV cache's rows) is the same as before it."""
+    requests = [
+        dataclasses.replace(r, beam_size=3, prefix=" ".join(r.prompt.split()[:4]))
+        if r.prompt
+        else dataclasses.replace(r, beam_size=5)
+        for r in clips[:12]
+    ]
+    greedy_before = graphed.transcribe_batch(clips[:MAX_BATCH])
+    half = graphed.transcribe_batch(requests)
+    assert [r.tokens for r in graphed.transcribe_batch(clips[:MAX_BATCH])] == [
+        r.tokens for r in greedy_before
+    ]
+    full = _engine(graphs=True, compute_type="float32")
+    cpu_config = EngineConfig(name="torch_graph", device="cpu", compute_type="float32")
+    cpu = TorchGraphEngine(resolve_model(None), cpu_config, max_batch=MAX_BATCH)
+    try:
+        on_cuda = full.transcribe_batch(requests)
+        on_cpu = cpu.transcribe_batch(requests)
+    finally:
+        full.close()
+    assert sum(a.tokens != b.tokens for a, b in zip(on_cuda, on_cpu, strict=True)) <= 1
+    assert sum(a.tokens != b.tokens for a, b in zip(half, on_cuda, strict=True)) <= 3
+
+
 # Multilingual (Whisper base): clips its detection takes for their own language at p >= 0.96.
 SPEECH_MULTI_DIR = Path(__file__).resolve().parents[2] / "shared" / "speech-multi"
 MULTI_CLIPS = ("de_cv_19679280", "fr_cv_20046123", "ru_cv_20212439", "zh_cv_18995711")

@@ -1,11 +1,11 @@
 """torch_graph with the multilingual Whisper base (FP32, CPU) against faster-whisper's CTranslate2.
 
 Language given: greedy tokens identical to CTranslate2's generate in that language, in one
-mixed-language batch. Language None: the detected probabilities are CTranslate2's
-`detect_language` (within 1e-3) on `audio[detect_from_sample:]`, and the decode runs in the
-language `choose_language` picks, hint included. `task="translate"` gives CTranslate2's
-translate tokens (English). Clips come from ../shared/speech-multi (missing: skipped locally,
-failed in CI).
+mixed-language batch, and beam-5 tokens identical to its beam search. Language None: the
+detected probabilities are CTranslate2's `detect_language` (within 1e-3) on
+`audio[detect_from_sample:]`, and the decode runs in the language `choose_language` picks, hint
+included. `task="translate"` gives CTranslate2's translate tokens (English). Clips come from
+../shared/speech-multi (missing: skipped locally, failed in CI).
 """
 
 from __future__ import annotations
@@ -114,8 +114,10 @@ def _ct2_detect(reference: Any, encoder_output: Any) -> dict[str, float]:
     return {token[2:-2]: prob for token, prob in pairs}
 
 
-def _ct2_tokens(reference: Any, encoder_output: Any, language: str, task: str) -> list[int]:
-    """CTranslate2's greedy decode as faster-whisper's engine prompts it (no timestamps)."""
+def _ct2_tokens(
+    reference: Any, encoder_output: Any, language: str, task: str, beam: int = 1
+) -> list[int]:
+    """CTranslate2's decode as faster-whisper's engine prompts it (no timestamps)."""
     from faster_whisper.tokenizer import Tokenizer
     from faster_whisper.transcribe import get_suppressed_tokens
 
@@ -124,7 +126,7 @@ def _ct2_tokens(reference: Any, encoder_output: Any, language: str, task: str) -
     result = reference.model.generate(
         encoder_output,
         [prompt],
-        beam_size=1,
+        beam_size=beam,
         max_length=448,
         suppress_blank=True,
         suppress_tokens=[-1, *get_suppressed_tokens(tokenizer, [-1])],
@@ -157,6 +159,24 @@ def test_tokens_identical_with_language_given(
         assert ours.text
         n_tokens += len(ours.tokens)
     print(f"{len(CLIPS)} clips, {n_tokens} tokens identical to CTranslate2")
+
+
+def test_beam_tokens_identical_with_language_given(
+    engine: TorchGraphEngine,
+    reference: Any,
+    audio: dict[str, npt.NDArray[np.float32]],
+    encoded: dict[str, Any],
+) -> None:
+    """Beam 5, as a final without context decodes: CTranslate2's beam search's tokens."""
+    results = engine.transcribe_batch(
+        [
+            EngineRequest(audio=audio[i], kind=DecodeKind.FINAL, language=_language(i), beam_size=5)
+            for i in CLIPS
+        ]
+    )
+    for clip_id, ours in zip(CLIPS, results, strict=True):
+        theirs = _ct2_tokens(reference, encoded[clip_id], _language(clip_id), "transcribe", beam=5)
+        assert list(ours.tokens) == theirs
 
 
 def test_detection_matches_ctranslate2(

@@ -66,6 +66,13 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), help="default auto")
     parser.add_argument("--compute-type", help="int8, float16, float32, … (default auto)")
     parser.add_argument(
+        "--beam",
+        type=int,
+        help="beam size of every final decode (default: [stream] final_beam_size 5, "
+        "context_beam_size 3 with context); 1: greedy finals, which torch_graph replays from "
+        "its CUDA graphs",
+    )
+    parser.add_argument(
         "--language",
         help="spoken language (en, de, zh-TW, …) or auto: detected per utterance"
         " (multilingual models), or a list (en,de): detected among those;"
@@ -90,6 +97,8 @@ def _config_from(args: argparse.Namespace) -> Config:
         language=None if language is None else language.setting,
         chinese_variant=None if language is None else language.chinese_variant,
         prompt=args.prompt,
+        final_beam_size=args.beam,
+        context_beam_size=args.beam,
     )
     return override(
         config,
@@ -387,12 +396,6 @@ def _add_transcribe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "file", type=Path, help="audio file (WAV, FLAC, MP3, M4A, a video, …): any rate, channels"
     )
     _engine_options(p)
-    p.add_argument(
-        "--beam",
-        type=int,
-        help="beam size of every final decode (default: [stream] final_beam_size 5, "
-        "context_beam_size 3 with context)",
-    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--task",
@@ -407,9 +410,7 @@ def _transcribe(args: argparse.Namespace) -> int:
     from captiond.offline import transcribe_samples
     from captiond_client.audiofile import AudioFileError, read_audio_16k_mono
 
-    config = override(
-        _config_from(args), "stream", final_beam_size=args.beam, context_beam_size=args.beam
-    )
+    config = _config_from(args)
     try:
         samples = read_audio_16k_mono(args.file)
     except (AudioFileError, OSError) as exc:

@@ -1,9 +1,9 @@
 """The torch_graph engine: FP16 Whisper with a CUDA-graph-captured decoder, batched across streams.
 
-Owns the wiring of weights, stream audio, mel front end, encoder, static KV cache, greedy decoder
-and step graphs behind the `Engine` protocol. Built on the main thread by `load_engine`; every other
-call (warmup, transcribe_batch, close) runs on the engine thread only. This package is the only
-place in the daemon that imports torch (the bench's transformers peer is the other).
+Owns the wiring of weights, stream audio, mel front end, encoder, static KV cache, greedy and beam
+decoders and step graphs behind the `Engine` protocol. Built on the main thread by `load_engine`;
+every other call (warmup, transcribe_batch, close) runs on the engine thread only. This package is
+the only place in the daemon that imports torch (the bench's transformers peer is the other).
 
 Per batch: the audio the device lacks of each request's stream (normally only what arrived since the
 stream's last decode) through a pinned buffer into the stream's ring on the device, log-mel there of
@@ -13,7 +13,8 @@ detection where a request asks for it (one eager decoder step; requests whose de
 starts later get their own batched encoder pass first), an eager prefill of the prompts (language
 and task tokens included), then the single-token step replayed from a CUDA graph of the batch's
 bucket; every `check_every_steps` steps, rows caught in a loop are stopped and the host looks at
-the finished flags. On the CPU the same
+the finished flags. Requests that ask for a beam (finals, by default) decode in batches of their
+own, one per beam size, with CTranslate2's beam search (beam.py), eagerly. On the CPU the same
 code runs eagerly in FP32 (how CI tests it).
 """
 
@@ -42,13 +43,14 @@ from captiond.engines import (
     unit_probabilities,
     window_frames,
 )
+from captiond.engines.torch_graph.beam import BeamBatch
 from captiond.engines.torch_graph.cuda_graph import StepGraphs, bucket_for, bucket_sizes
 from captiond.engines.torch_graph.decode import DecodedRow, GreedyDecoder
 from captiond.engines.torch_graph.kv_cache import allocate_cache, bytes_per_row
 from captiond.engines.torch_graph.mel import MelFrontend
 from captiond.engines.torch_graph.model import build_model, inference
 from captiond.engines.torch_graph.stream_audio import RING_SAMPLES, Clip, StreamAudio
-from captiond.engines.torch_graph.tokens import WhisperTokens, compression_ratio
+from captiond.engines.torch_graph.tokens import PromptPlan, WhisperTokens, compression_ratio
 from captiond.engines.torch_graph.weights import (
     ModelDims,
     dims_from_tensors,
@@ -73,6 +75,7 @@ DEFAULT_MAX_BATCH_CPU = 8
 # H100: 1,920 streams with batches of 128); on the CPU two batches' worth.
 STREAM_AUDIO_BUDGET_BYTES = 4 * 2**30
 WARMUP_AUDIO_SAMPLES = 16_000
+CHECK_EVERY_STEPS_CUDA = 8
 
 
 def resolve_device(name: str) -> torch.device:
@@ -106,19 +109,20 @@ def _detect_offset(request: EngineRequest) -> int:
 
 
 class TorchGraphEngine:
-    """Greedy Whisper decoding that matches faster-whisper's tokens (beam_size=1, no timestamps).
-
-    `request.beam_size > 1` falls back to greedy: greedy is this engine's contract. Multilingual
-    models decode in `request.language`, or, when it is None, in the language `choose_language`
-    picks from Whisper's detection on `request.audio[request.detect_from_sample:]`,
-    `request.language_hint` and `request.candidates`; `request.task` "translate" puts
-    <|translate|> in the prompt. English-only models always decode English (reported as
-    ("en", 1.0)).
+    """Whisper decoding that matches faster-whisper's tokens (no timestamps): greedy, or
+    CTranslate2's beam search where `request.beam_size > 1` (eager; the graphs are the greedy
+    step's). Multilingual models decode in `request.language`, or, when it is None, in the
+    language `choose_language` picks from Whisper's detection on
+    `request.audio[request.detect_from_sample:]`, `request.language_hint` and
+    `request.candidates`; `request.task` "translate" puts <|translate|> in the prompt.
+    English-only models always decode English (reported as ("en", 1.0)).
 
     `compute_type="float32"` keeps FP32 on CUDA; any other value means FP16 there. On the CPU the
     model always runs in FP32. `graphs=None` captures graphs on CUDA only; False runs the same
-    step eagerly (debugging, tests). `random_shape` ("tiny" ... "large-v3") replaces the weights
-    with random ones of that size for speed work; the tokenizer still comes from `model_path`.
+    step eagerly (debugging, tests). `check_every_steps` (default 8 on CUDA, 1 on the CPU): how
+    often loops are stopped and the host looks at the finished flags. `random_shape` ("tiny" ...
+    "large-v3") replaces the weights with random ones of that size for speed work; the tokenizer
+    still comes from `model_path`.
     """
 
     def __init__(
@@ -128,7 +132,7 @@ class TorchGraphEngine:
         *,
         graphs: bool | None = None,
         max_batch: int | None = None,
-        check_every_steps: int = 8,
+        check_every_steps: int | None = None,
         random_shape: str | None = None,
     ) -> None:
         self.device = resolve_device(config.device)
@@ -157,6 +161,10 @@ class TorchGraphEngine:
                 else DEFAULT_MAX_BATCH_CPU
             )
         self.max_batch = max_batch
+        if check_every_steps is None:
+            # On CUDA a look at the finished flags waits for the device; on the CPU it costs
+            # nothing, and a step past the end costs a whole step.
+            check_every_steps = CHECK_EVERY_STEPS_CUDA if on_cuda else 1
         self.check_every_steps = check_every_steps
         self._partial_min_frames = round(config.partial_window_min_s * 100)
         self._phases = PhaseTimes()
@@ -228,56 +236,81 @@ class TorchGraphEngine:
             self.graphs.capture()
 
     def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
-        results: list[EngineResult] = []
-        for start in range(0, len(requests), self.max_batch):
-            results += self._transcribe_chunk(requests[start : start + self.max_batch])
-        return results
+        """Greedy requests in batches of up to `max_batch`; each beam size in batches of its
+        own, of up to `max_batch` // beam requests (a beam wider than `max_batch` is cut to
+        it)."""
+        by_beam: dict[int, list[int]] = {}
+        for i, request in enumerate(requests):
+            by_beam.setdefault(min(request.beam_size, self.max_batch), []).append(i)
+        results: dict[int, EngineResult] = {}
+        for beam, indices in sorted(by_beam.items()):
+            size = self.max_batch // beam
+            for start in range(0, len(indices), size):
+                chunk = indices[start : start + size]
+                decoded = self._transcribe_chunk([requests[i] for i in chunk], beam)
+                results.update(zip(chunk, decoded, strict=True))
+        return [results[i] for i in range(len(requests))]
 
-    def _transcribe_chunk(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
+    def _transcribe_chunk(self, requests: Sequence[EngineRequest], beam: int) -> list[EngineResult]:
         """Rows ordered by window length, longest first, so each length's rows are one encoder
         call; the results come back in the requests' order."""
         frames = [window_frames(r, self._partial_min_frames) for r in requests]
         order = sorted(range(len(requests)), key=lambda i: -frames[i])
-        decoded = self._decode_rows([requests[i] for i in order], [frames[i] for i in order])
+        decoded = self._decode_rows([requests[i] for i in order], [frames[i] for i in order], beam)
         row_of = {i: row for row, i in enumerate(order)}
         return [decoded[row_of[i]] for i in range(len(requests))]
 
     def _decode_rows(
-        self, requests: Sequence[EngineRequest], frames: Sequence[int]
+        self, requests: Sequence[EngineRequest], frames: Sequence[int], beam: int
     ) -> list[EngineResult]:
         n = len(requests)
         if n == 0:
             return []
-        bucket = bucket_for(n, self.graphs.buckets)
         phase = self.phases.phase
         with inference():
             with phase("encode"):
                 languages = self._encode_and_detect(requests, frames)
-            with phase("prefill"):
-                plans = [
-                    self.tokens.prompt(
-                        r.prompt,
-                        choice.language,
-                        r.prefix,
-                        r.task,
-                        stream_prompt=r.stream_prompt,
-                        cap=partial_token_cap(r),
-                    )
-                    for r, choice in zip(requests, languages, strict=True)
-                ]
-                no_speech = self.decoder.prefill(plans, bucket)
-            with phase("decode"):
-                # The prefill chose the first token; the step makes the rest.
-                for step in range(max(plan.max_new_tokens for plan in plans) - 1):
-                    self.graphs.run(bucket)
-                    if (step + 1) % self.check_every_steps == 0:
-                        self.decoder.stop_loops(n)
-                        if self.decoder.all_finished(n):
-                            break
-            with phase("read_back"):
-                rows = self.decoder.read_back(no_speech, n)
+            plans = [
+                self.tokens.prompt(
+                    r.prompt,
+                    choice.language,
+                    r.prefix,
+                    r.task,
+                    stream_prompt=r.stream_prompt,
+                    cap=partial_token_cap(r),
+                )
+                for r, choice in zip(requests, languages, strict=True)
+            ]
+            rows = self._greedy(plans) if beam == 1 else self._beam(plans, beam)
         with phase("results"):
             return self._results(rows, requests, languages)
+
+    def _greedy(self, plans: Sequence[PromptPlan]) -> list[DecodedRow]:
+        """The prefill chooses each row's first token; the bucket's step graph the rest."""
+        n = len(plans)
+        bucket = bucket_for(n, self.graphs.buckets)
+        phase = self.phases.phase
+        with phase("prefill"):
+            no_speech = self.decoder.prefill(plans, bucket)
+        with phase("decode"):
+            for step in range(max(plan.max_new_tokens for plan in plans) - 1):
+                self.graphs.run(bucket)
+                if (step + 1) % self.check_every_steps == 0:
+                    self.decoder.stop_loops(n)
+                    if self.decoder.all_finished(n):
+                        break
+        with phase("read_back"):
+            return self.decoder.read_back(no_speech, n)
+
+    def _beam(self, plans: Sequence[PromptPlan], beam: int) -> list[DecodedRow]:
+        """CTranslate2's beam search (beam.py), eagerly."""
+        phase = self.phases.phase
+        with phase("prefill"):
+            batch = BeamBatch(self.decoder, plans, beam)
+        with phase("decode"):
+            batch.run(self.check_every_steps)
+        with phase("read_back"):
+            return batch.read_back()
 
     def _results(
         self,
@@ -291,7 +324,8 @@ class TorchGraphEngine:
             written = self.tokens.decode(row.tokens)
             text = written.strip()
             unit_probs: tuple[float, ...] = ()
-            if request.kind is DecodeKind.PARTIAL:  # finals need no word probabilities
+            # Finals need no word probabilities, and a beam's choice is not one token's.
+            if request.kind is DecodeKind.PARTIAL and row.token_logprobs:
                 probs = [math.exp(p) for p in row.token_logprobs]
                 unit_probs = unit_probabilities(self.tokens.decode_words, row.tokens, probs)
             results.append(

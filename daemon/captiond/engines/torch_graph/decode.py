@@ -4,7 +4,8 @@ Owns the static decode state (next token, position, finished flag, token count, 
 log-probability and generated tokens per row, all on the device), the suppression masks and the
 table of each token's other cases (`CaseVariants`: a capitalized word's probability counts
 them). The step writes only into these buffers and the KV cache, never reads anything back to
-the host, so CUDA graphs can capture it. Runs on the engine thread only.
+the host, so CUDA graphs can capture it. The prompts' pass (`run_prompts`) is also the beam
+search's (beam.py). Runs on the engine thread only.
 
 Rules copied from CTranslate2's WhisperReplica::generate + GreedySearch (what faster-whisper
 calls): the prompt minus its last token is the prefill; <|nospeech|> probability is the softmax
@@ -56,6 +57,16 @@ class StepState:
     out_tokens: torch.Tensor  # [B, n_text_ctx] int64
     out_logprobs: torch.Tensor  # [B, n_text_ctx] float32, of each out_tokens with its variants
     looped: torch.Tensor  # [B] bool, finished by `GreedyDecoder.stop_loops`
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prefilled:
+    """The prompts' pass (`GreedyDecoder.run_prompts`), a row per request, on the device."""
+
+    logits: torch.Tensor  # [n, n_vocab] float32, for the first token (before any mask)
+    no_speech: torch.Tensor  # [n] p(<|nospeech|>) at <|startoftranscript|>
+    last: torch.Tensor  # [n] int64, index of the prompt's last token
+    max_new: torch.Tensor  # [n] int64, the token budget
 
 
 _ROW_FIELDS = 3  # per prefill row after its prompt: last prompt index, sot index, token budget
@@ -189,9 +200,9 @@ class GreedyDecoder:
             table[row, longest:] = (len(plan.tokens) - 1, plan.sot_index, plan.max_new_tokens)
         return self.inputs.send(shape)
 
-    def prefill(self, plans: Sequence[PromptPlan], bucket: int) -> torch.Tensor:
-        """Run the prompts, pick each row's first token, arm the step state; returns p(nospeech).
-        Queues all of it without waiting for the work queued before (the encoder)."""
+    def run_prompts(self, plans: Sequence[PromptPlan]) -> Prefilled:
+        """The prompts through the decoder into rows 0 .. len(plans) - 1 of the self-attention
+        cache. Queues it without waiting for the work queued before (the encoder)."""
         n = len(plans)
         inputs = self._send_inputs(plans)
         prompt = inputs[:, :-_ROW_FIELDS]
@@ -199,10 +210,19 @@ class GreedyDecoder:
         hidden = self.model.decoder.prefill(prompt, self.cache)
         rows = torch.arange(n, device=self.device)
         logits = self.model.decoder.logits(torch.cat([hidden[rows, last], hidden[rows, sot]]))
-        first, first_logprob, first_text_logprob = _select(
-            logits[:n], self.suppress_first, self.case_variants
-        )
         no_speech = torch.softmax(logits[n:], dim=-1)[:, self.tokens.special.no_speech]
+        return Prefilled(logits=logits[:n], no_speech=no_speech, last=last, max_new=max_new)
+
+    def prefill(self, plans: Sequence[PromptPlan], bucket: int) -> torch.Tensor:
+        """Run the prompts, pick each row's first token, arm the step state; returns p(nospeech).
+        Queues all of it without waiting for the work queued before (the encoder)."""
+        n = len(plans)
+        prefilled = self.run_prompts(plans)
+        last, max_new = prefilled.last, prefilled.max_new
+        first, first_logprob, first_text_logprob = _select(
+            prefilled.logits, self.suppress_first, self.case_variants
+        )
+        no_speech = prefilled.no_speech
 
         state = self.state
         # Padding rows of the bucket are born finished: the step leaves them untouched.

@@ -35,6 +35,26 @@ class KVCache:
     def max_batch(self) -> int:
         return int(self.self_k.shape[1])
 
+    def spread_cross(self, n: int, copies: int) -> None:
+        """Row r's cross-attention K/V (r < n) into rows r * copies .. r * copies + copies - 1:
+        a beam's rows attend to their request's audio. Last row first, one row at a time, so
+        no source is overwritten before it is read and no copy of the whole cache is made."""
+        for row in reversed(range(n)):
+            rows = slice(row * copies, (row + 1) * copies)
+            for tensor in (self.cross_k, self.cross_v):
+                # clone(): for row 0 the source is one of the rows written.
+                tensor[:, rows].copy_(tensor[:, row : row + 1].clone().expand_as(tensor[:, rows]))
+        self.cross_len[: n * copies].copy_(self.cross_len[:n].repeat_interleave(copies))
+
+    def gather_self(self, rows: torch.Tensor, positions: int) -> None:
+        """Self-attention K/V of rows 0 .. len(rows) - 1 become those of `rows` (a beam step's
+        surviving beams, each with its origin's history), over the first `positions` slots (the
+        ones written)."""
+        n = rows.shape[0]
+        for tensor in (self.self_k, self.self_v):
+            written = tensor[:, :, :, :positions]
+            written[:, :n].copy_(written.index_select(1, rows))
+
     @property
     def n_bytes(self) -> int:
         tensors = (self.self_k, self.self_v, self.cross_k, self.cross_v)

@@ -45,6 +45,8 @@ class PromptPlan:
     # CTranslate2 decodes at most min(448 // 2, 448 - (len(prompt) - 1)) tokens, the forced
     # prefix (the tokens after <|notimestamps|>) included.
     max_new_tokens: int
+    # The forced prefix's tokens, the last of `tokens`: a beam's length counts them.
+    prefix_tokens: int = 0
 
 
 def _non_speech_tokens(tokenizer: tokenizers.Tokenizer) -> set[int]:
@@ -193,7 +195,12 @@ class WhisperTokens:
         if cap is not None:  # a partial's (`partial_token_cap`)
             max_new = min(max_new, cap)
         tokens += prefix_tokens
-        return PromptPlan(tokens=tuple(tokens), sot_index=sot_index, max_new_tokens=max_new)
+        return PromptPlan(
+            tokens=tuple(tokens),
+            sot_index=sot_index,
+            max_new_tokens=max_new,
+            prefix_tokens=len(prefix_tokens),
+        )
 
     def decode(self, tokens: Sequence[int]) -> str:
         """Text tokens only (ids below <|endoftext|>), as faster-whisper's Tokenizer.decode."""
