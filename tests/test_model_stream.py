@@ -66,6 +66,11 @@ def test_streaming_wer_matches_offline(
     speech_dir: Path, speech_manifest: list[dict[str, Any]], engine_config: Config, engine: Engine
 ) -> None:
     clips = pick_clips(speech_manifest)
+    if engine.name == "torch_graph":
+        # The long clip (context while finals lag) once, with faster-whisper: on this CPU it is
+        # most of torch_graph's minute here, and test_torch_graph_exact holds torch_graph's
+        # decodes with context, greedy and beam, to faster-whisper's token for token.
+        clips = [m for m in clips if m["kind"] == "utterance"]
     assert len(clips) >= 11
     audio = {m["id"]: read_wav_int16(speech_dir / m["file"]) for m in clips}
     offline = {
