@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # `bench capacity` on CUDA, one level per run: MODEL:STREAMS[:BEAM] ... (default tiny.en:1000
-# base:500 tiny.en:500; BEAM sets every final's beam, as `serve --beam`: 1 is greedy finals, which
-# torch_graph gave every run before 2026-11-30), 6 front-end workers, 4 client processes, 60-s streams
-# started within 10 s. The first run gets a 30-s py-spy profile of the engine process once its
-# streams are all live.
+# base:500 tiny.en:500; BEAM sets every final's beam, as `serve --beam`: 1 is greedy finals,
+# which torch_graph gave every run before 2026-11-30), 6 front-end workers, 4 client processes,
+# 60-s streams started within 10 s. The first run gets a 30-s py-spy profile of the engine
+# process once its streams are all live.
 # Results and logs in $OUT/capacity.tgz, rewritten after every run.
 R=/tmp/capacity; mkdir -p $R
 save() { tar czf "$OUT/capacity.tgz" -C /tmp capacity; }

@@ -66,7 +66,7 @@ class BeamBatch:
         self.tokens = torch.full((rows,), decoder.eot, dtype=torch.int64, device=device)
         self.scores = torch.zeros(rows, dtype=torch.float32, device=device)
         self.sequences = torch.zeros((rows, cache.n_text_ctx), dtype=torch.int64, device=device)
-        # [n, K]: the first row of each request's beams.
+        # [n, 1]: the first of each request's K rows.
         self._request_rows = (torch.arange(n, device=device) * beam)[:, None]
         self._slots = torch.arange(beam, device=device)
         self._candidates = torch.arange(2 * beam, device=device)
