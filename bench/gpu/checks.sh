@@ -10,7 +10,7 @@ step() {  # name, seconds, command...
   timeout "$limit" "$@" > "$R/$name.log" 2>&1; echo "rc=$?"; tail -4 "$R/$name.log"; save
 }
 nvidia-smi > $R/nvidia-smi.txt 2>&1
-step pytest-gpu 240 python3 -m pytest tests/test_torch_graph_gpu.py -v -rs -p no:cacheprovider
+step pytest-gpu 300 python3 -m pytest tests/test_torch_graph_gpu.py -v -rs -p no:cacheprovider
 step engine-tiny 120 python3 -m captiond.cli bench engine --engine torch_graph --device cuda --out $R/engine-tiny.json
 step engine-base 120 python3 -m captiond.cli bench engine --engine torch_graph --device cuda --model base --out $R/engine-base.json
 echo "== done at $(( $(date +%s) - t0 )) s"
