@@ -80,6 +80,8 @@ class BeamBatch:
         self.best_sequence = torch.zeros((n, cache.n_text_ctx), dtype=torch.int64, device=device)
 
     def run(self, check_every_steps: int) -> None:
+        """Steps until the longest budget ends or every request is done (the host looks every
+        `check_every_steps` steps)."""
         decoder = self.decoder
         for step in range(self.steps):
             if step == 0:
@@ -145,8 +147,8 @@ class BeamBatch:
         )
 
     def read_back(self) -> list[DecodedRow]:
-        """Each request's best hypothesis (one transfer). No per-token probabilities: a beam's
-        choice is not one token's."""
+        """Each request's best hypothesis, brought to the host. No per-token probabilities: a
+        beam's choice is not one token's."""
         lengths = self.best_length.cpu().tolist()
         longest = max(lengths)
         sequences = self.best_sequence[:, :longest].cpu().tolist()
