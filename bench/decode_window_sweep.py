@@ -1,7 +1,7 @@
 """How much a one-sentence clip's text depends on where its decode window starts and ends.
 
     python3 bench/decode_window_sweep.py ../shared/speech-multi --clips pt_fleurs_002 \
-        --starts 0,0.24,0.44 --ends 6.6,6.8,6.99,7.2,7.5,end --out FILE
+        --starts 0,0.24,0.44 --ends 5.9,6.21,6.6,6.99,7.5,end --out FILE
     python3 bench/decode_window_sweep.py ../shared/speech-multi --fallback --out FILE
 
 A stream's final decodes its utterance from a little before the first voiced frame to a little
@@ -39,7 +39,7 @@ from captiond_client.audiofile import read_audio_16k_mono
 
 
 def ends(spec: str) -> list[float | None]:
-    """ "6.8,end" -> [6.8, None]: None is the clip's end."""
+    """The window ends of `--ends`: "6.8,end" gives [6.8, None], None being the clip's end."""
     return [None if item == "end" else float(item) for item in spec.split(",")]
 
 
