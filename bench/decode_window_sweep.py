@@ -11,7 +11,8 @@ text tokens only, temperature 0); its errors against the clip's reference text a
 the bench's metric, beside the decode's avg_logprob: could the model's own score pick the better
 window?
 
-`--fallback` instead decodes every clip of the manifest as the whole-file reference does
+`--fallback` instead decodes each clip (`--clips`, by default the utterances with exact
+references: all 78 of the multilingual corpus) as the whole-file reference does
 (`WHOLE_FILE_SETTINGS`: timestamp tokens, the temperature fallback, seeded) with its language
 given, and lists the clips where a window was decoded again above temperature 0, the fallback
 captiond's finals do not have.
@@ -25,17 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import ctranslate2
-import numpy as np
-import numpy.typing as npt
 from faster_whisper import WhisperModel
 
 from captiond import SAMPLE_RATE_HZ
-from captiond.bench.common import read_manifest
+from captiond.bench.common import Clip, load_clips
 from captiond.bench.report import machine_facts
 from captiond.bench.wer import language_errors
 from captiond.engines.faster_whisper import WHOLE_FILE_SETTINGS
 from captiond.models import resolve_model
-from captiond_client.audiofile import read_audio_16k_mono
 
 
 def ends(spec: str) -> list[float | None]:
@@ -44,21 +42,17 @@ def ends(spec: str) -> list[float | None]:
 
 
 def sweep(
-    model: WhisperModel,
-    entry: dict[str, Any],
-    audio: npt.NDArray[np.float32],
-    starts_s: list[float],
-    ends_s: list[float | None],
+    model: WhisperModel, clip: Clip, starts_s: list[float], ends_s: list[float | None]
 ) -> list[dict[str, Any]]:
     """Every (start, end) window of the clip, decoded as a final without context."""
     rows = []
     for start_s in starts_s:
         for end_s in ends_s:
             first = int(start_s * SAMPLE_RATE_HZ)
-            last = len(audio) if end_s is None else int(end_s * SAMPLE_RATE_HZ)
+            last = len(clip.samples) if end_s is None else int(end_s * SAMPLE_RATE_HZ)
             segments, _ = model.transcribe(
-                audio[first:last],
-                language=entry["language"],
+                clip.samples[first:last],
+                language=clip.language,
                 beam_size=5,
                 temperature=0.0,
                 without_timestamps=True,
@@ -66,10 +60,10 @@ def sweep(
             )
             decoded = list(segments)
             text = " ".join(s.text.strip() for s in decoded if s.text.strip())
-            counts = language_errors(entry["text"], text, entry["language"])
+            counts = language_errors(clip.text, text, clip.language)
             rows.append(
                 {
-                    "clip": entry["id"],
+                    "clip": clip.id,
                     "start_s": first / SAMPLE_RATE_HZ,
                     "end_s": last / SAMPLE_RATE_HZ,
                     "errors": counts.substitutions + counts.deletions + counts.insertions,
@@ -82,18 +76,16 @@ def sweep(
     return rows
 
 
-def fallbacks(
-    model: WhisperModel, entry: dict[str, Any], audio: npt.NDArray[np.float32]
-) -> dict[str, Any] | None:
+def fallbacks(model: WhisperModel, clip: Clip) -> dict[str, Any] | None:
     """The clip's whole-file decode when one of its windows fell back above temperature 0."""
     ctranslate2.set_random_seed(0)  # as transcribe_whole_file: the same sampled windows
-    segments, _ = model.transcribe(audio, language=entry["language"], **WHOLE_FILE_SETTINGS)
+    segments, _ = model.transcribe(clip.samples, language=clip.language, **WHOLE_FILE_SETTINGS)
     decoded = list(segments)
     if all(s.temperature == 0.0 for s in decoded):
         return None
     return {
-        "clip": entry["id"],
-        "language": entry["language"],
+        "clip": clip.id,
+        "language": clip.language,
         "temperatures": [s.temperature for s in decoded],
         "avg_logprob": [round(s.avg_logprob, 4) for s in decoded],
         "compression_ratio": [round(s.compression_ratio, 3) for s in decoded],
@@ -107,7 +99,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--model", default="base")
     parser.add_argument("--compute-type", default="float32")
-    parser.add_argument("--clips", default="", help="ids, comma-separated (default: all)")
+    parser.add_argument("--clips", default="utterance", help="ids or kinds, as `captiond bench`'s")
     parser.add_argument("--starts", default="0", help="seconds, comma-separated")
     parser.add_argument("--ends", default="end", help="seconds, comma-separated; 'end' = clip end")
     parser.add_argument("--fallback", action="store_true", help="list the whole-file fallbacks")
@@ -115,30 +107,23 @@ def main() -> None:
     model = WhisperModel(
         str(resolve_model(args.model)), device="cpu", compute_type=args.compute_type
     )
-    wanted = set(args.clips.split(",")) - {""}
-    entries = [e for e in read_manifest(args.corpus / "manifest.jsonl") if e["id"] in wanted]
-    if not wanted:
-        entries = read_manifest(args.corpus / "manifest.jsonl")
+    clips = load_clips(args.corpus / "manifest.jsonl", args.clips, None)
     report: dict[str, Any] = {
         "machine": machine_facts(),
         "model": args.model,
         "compute_type": args.compute_type,
-        "clips": len(entries),
+        "clips": len(clips),
     }
     if args.fallback:
-        found = (fallbacks(model, e, read_audio_16k_mono(args.corpus / e["file"])) for e in entries)
+        found = (fallbacks(model, clip) for clip in clips)
         report["fallbacks"] = [row for row in found if row is not None]
         print(json.dumps(report["fallbacks"], ensure_ascii=False, indent=1))
     else:
         report["windows"] = [
             row
-            for e in entries
+            for clip in clips
             for row in sweep(
-                model,
-                e,
-                read_audio_16k_mono(args.corpus / e["file"]),
-                [float(start) for start in args.starts.split(",")],
-                ends(args.ends),
+                model, clip, [float(start) for start in args.starts.split(",")], ends(args.ends)
             )
         ]
     args.out.write_text(json.dumps(report, ensure_ascii=False, indent=1) + "\n")

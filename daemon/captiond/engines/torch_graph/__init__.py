@@ -270,17 +270,18 @@ class TorchGraphEngine:
         with inference():
             with phase("encode"):
                 languages = self._encode_and_detect(requests, frames)
-            plans = [
-                self.tokens.prompt(
-                    r.prompt,
-                    choice.language,
-                    r.prefix,
-                    r.task,
-                    stream_prompt=r.stream_prompt,
-                    cap=partial_token_cap(r),
-                )
-                for r, choice in zip(requests, languages, strict=True)
-            ]
+            with phase("prefill"):  # the prompts' tokens; the decoders' prefill adds to it
+                plans = [
+                    self.tokens.prompt(
+                        r.prompt,
+                        choice.language,
+                        r.prefix,
+                        r.task,
+                        stream_prompt=r.stream_prompt,
+                        cap=partial_token_cap(r),
+                    )
+                    for r, choice in zip(requests, languages, strict=True)
+                ]
             rows = self._greedy(plans) if beam == 1 else self._beam(plans, beam)
         with phase("results"):
             return self._results(rows, requests, languages)
