@@ -238,9 +238,18 @@ def test_bench_languages_detects_among_the_languages_named(
     clip = data["clips"][clip_id]
     assert (clip["language"], clip["detected"]) == ("en", "en")
     assert clip["auto_text"].isascii(), clip["auto_text"]
+    # The bound's calibration: the whole-file decode's own two modes, held against each other.
+    group, overall = data["per_language"]["en"], data["overall"]
+    errors = group["errors"]
+    moved = errors["whole_file_text_only"] - errors["whole_file"]
+    points = 100 * moved / errors["reference_units"]
+    assert group["text_only_gap_points"] == pytest.approx(points, abs=0.01)
+    assert overall["whole_file_text_only_within_1_point"] == (group["text_only_gap_points"] <= 1)
 
 
-@pytest.mark.parametrize(("clip_id", "english"), [("de_fleurs_001", "dinosaur")])
+@pytest.mark.parametrize(
+    ("clip_id", "english"), [("de_fleurs_001", "dinosaur"), ("ru_cv_20177326", "september")]
+)
 def test_translate_gives_english(
     engine: Engine, speech_multi_dir: Path, clip_id: str, english: str
 ) -> None:

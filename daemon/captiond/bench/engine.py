@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
 import importlib.util
 import json
 import platform
@@ -34,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 import captiond
-from captiond.bench.report import count_list
+from captiond.bench.report import count_list, cpu_model, cpu_vector_flags, package_version
 from captiond.errors import ConfigError
 from captiond.models import model_display_name, resolve_model
 from captiond.scheduler import ENGINE_SWITCH_INTERVAL_S
@@ -120,23 +119,6 @@ def _load_audio(path: Path | None) -> tuple[npt.NDArray[np.float32], str]:
         return read_audio_16k_mono(path)[: 30 * SAMPLE_RATE_HZ], str(path)
     except (AudioFileError, OSError) as exc:
         raise ConfigError(f"--audio: cannot read {str(path)!r}: {exc}") from None
-
-
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _timed_s(work: Any) -> float:
@@ -290,13 +272,18 @@ def run_engine_bench(args: argparse.Namespace) -> dict[str, Any]:
     )
     audio, audio_name = _load_audio(args.audio)
     report: dict[str, Any] = {
-        "machine": {"platform": platform.platform(), "cpu": _cpu_model(), "gpu": None},
+        "machine": {
+            "platform": platform.platform(),
+            "cpu": cpu_model(),
+            "cpu_vector_flags": cpu_vector_flags(),
+            "gpu": None,
+        },
         "versions": {
             "python": sys.version.split()[0],
-            "torch": _version("torch"),
-            "ctranslate2": _version("ctranslate2"),
-            "faster-whisper": _version("faster-whisper"),
-            "transformers": _version("transformers"),
+            "torch": package_version("torch"),
+            "ctranslate2": package_version("ctranslate2"),
+            "faster-whisper": package_version("faster-whisper"),
+            "transformers": package_version("transformers"),
             "captiond": captiond.__version__,
         },
         "config": {

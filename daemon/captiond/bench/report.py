@@ -57,15 +57,41 @@ def parse_settings(settings: Sequence[str], base: Config) -> Config:
     return config_from_mapping(data, base=base)
 
 
-def _cpu_model() -> str:
-    with open("/proc/cpuinfo", encoding="utf-8") as fh:
-        for line in fh:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor()
+# The vector extensions the CPU kernels of CTranslate2 and of oneDNN under it (its int8 and
+# float32 GEMMs) dispatch on, and the variables that cap them. Decodes move with them: on two
+# 2-core "AMD EPYC" VMs the same `bench languages` command decoded 35 of the 78 multilingual
+# clips differently on the whole-file side at int8, and capping oneDNN at AVX2 (no VNNI) on a
+# VNNI CPU changes Spanish clips. A figure records what its CPU had.
+_VECTOR_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
+_ISA_CAPS = ("CT2_FORCE_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 
 
-def _version(name: str) -> str | None:
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo; empty where there is none."""
+    fields: dict[str, str] = {}
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
+    except OSError:
+        return fields
+    for line in text.split("\n\n", 1)[0].splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_model() -> str:
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+
+
+def cpu_vector_flags() -> list[str]:
+    """Which of `_VECTOR_FLAGS` this CPU has, and any of `_ISA_CAPS` set (as NAME=VALUE)."""
+    flags = set(_cpuinfo().get("flags", "").split())
+    caps = [f"{name}={os.environ[name]}" for name in _ISA_CAPS if os.environ.get(name)]
+    return [flag for flag in _VECTOR_FLAGS if flag in flags] + caps
+
+
+def package_version(name: str) -> str | None:
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
@@ -75,15 +101,19 @@ def _version(name: str) -> str | None:
 def machine_facts() -> dict[str, Any]:
     import psutil
 
+    cpu = _cpuinfo()
     return {
         "host": platform.node(),
         "platform": platform.platform(),
         "python": sys.version.split()[0],
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
+        # A VM's model name can be as bare as "AMD EPYC"; family and model tell generations apart.
+        "cpu_family_model": f"{cpu.get('cpu family', '?')}/{cpu.get('model', '?')}",
+        "cpu_vector_flags": cpu_vector_flags(),
         "cpu_count": os.cpu_count(),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
-        "versions": {name: _version(name) for name in _VERSIONED},
+        "versions": {name: package_version(name) for name in _VERSIONED},
     }
 
 
