@@ -32,8 +32,13 @@ from captiond import SAMPLE_RATE_HZ
 from captiond.bench.common import Clip, load_clips
 from captiond.bench.report import machine_facts
 from captiond.bench.wer import language_errors
-from captiond.engines.faster_whisper import WHOLE_FILE_SETTINGS
+from captiond.engines.faster_whisper import WHOLE_FILE_SETTINGS, segments_text
 from captiond.models import resolve_model
+
+
+def seconds(spec: str) -> list[float]:
+    """The window starts of `--starts`: "0,0.24" gives [0.0, 0.24]."""
+    return [float(item) for item in spec.split(",")]
 
 
 def ends(spec: str) -> list[float | None]:
@@ -59,14 +64,14 @@ def sweep(
                 vad_filter=False,
             )
             decoded = list(segments)
-            text = " ".join(s.text.strip() for s in decoded if s.text.strip())
+            text = segments_text(decoded)
             counts = language_errors(clip.text, text, clip.language)
             rows.append(
                 {
                     "clip": clip.id,
                     "start_s": first / SAMPLE_RATE_HZ,
                     "end_s": last / SAMPLE_RATE_HZ,
-                    "errors": counts.substitutions + counts.deletions + counts.insertions,
+                    "errors": counts.errors,
                     "reference_units": counts.reference_words,
                     "avg_logprob": [round(s.avg_logprob, 4) for s in decoded],
                     "text": text,
@@ -89,7 +94,7 @@ def fallbacks(model: WhisperModel, clip: Clip) -> dict[str, Any] | None:
         "temperatures": [s.temperature for s in decoded],
         "avg_logprob": [round(s.avg_logprob, 4) for s in decoded],
         "compression_ratio": [round(s.compression_ratio, 3) for s in decoded],
-        "text": " ".join(s.text.strip() for s in decoded),
+        "text": segments_text(decoded),
     }
 
 
@@ -100,8 +105,10 @@ def main() -> None:
     parser.add_argument("--model", default="base")
     parser.add_argument("--compute-type", default="float32")
     parser.add_argument("--clips", default="utterance", help="ids or kinds, as `captiond bench`'s")
-    parser.add_argument("--starts", default="0", help="seconds, comma-separated")
-    parser.add_argument("--ends", default="end", help="seconds, comma-separated; 'end' = clip end")
+    parser.add_argument("--starts", type=seconds, default="0", help="seconds, comma-separated")
+    parser.add_argument(
+        "--ends", type=ends, default="end", help="seconds, comma-separated; 'end' = clip end"
+    )
     parser.add_argument("--fallback", action="store_true", help="list the whole-file fallbacks")
     args = parser.parse_args()
     model = WhisperModel(
@@ -120,11 +127,7 @@ def main() -> None:
         print(json.dumps(report["fallbacks"], ensure_ascii=False, indent=1))
     else:
         report["windows"] = [
-            row
-            for clip in clips
-            for row in sweep(
-                model, clip, [float(start) for start in args.starts.split(",")], ends(args.ends)
-            )
+            row for clip in clips for row in sweep(model, clip, args.starts, args.ends)
         ]
     args.out.write_text(json.dumps(report, ensure_ascii=False, indent=1) + "\n")
 

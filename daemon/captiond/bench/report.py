@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib
 import importlib.metadata
 import json
@@ -65,6 +66,7 @@ _VECTOR_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
 _ISA_CAPS = ("CT2_FORCE_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 
 
+@functools.cache  # the fields read do not change while the process runs
 def _cpuinfo() -> dict[str, str]:
     """The first processor's fields in /proc/cpuinfo; empty where there is none."""
     fields: dict[str, str] = {}

@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -43,6 +43,9 @@ from captiond.engines import (
 from captiond.errors import ConfigError
 from captiond.models import model_display_name
 from captiond.protocol import WHISPER_LANGUAGES
+
+if TYPE_CHECKING:  # faster-whisper is imported where a model is loaded
+    from faster_whisper.transcribe import Segment
 
 
 def compression_ratio(text: str) -> float:
@@ -361,5 +364,9 @@ def transcribe_whole_file(
         without_timestamps=without_timestamps,
         **WHOLE_FILE_SETTINGS,
     )
-    text = " ".join(s.text.strip() for s in segments if s.text.strip())
-    return written(text, info.language, chinese_variant)
+    return written(segments_text(segments), info.language, chinese_variant)
+
+
+def segments_text(segments: Iterable[Segment]) -> str:
+    """The text of a `transcribe`'s segments, one space between them, empty ones left out."""
+    return " ".join(s.text.strip() for s in segments if s.text.strip())
