@@ -28,12 +28,12 @@ from typing import Any
 import ctranslate2
 from faster_whisper import WhisperModel
 
-from captiond import SAMPLE_RATE_HZ
 from captiond.bench.common import Clip, load_clips
 from captiond.bench.report import machine_facts
 from captiond.bench.wer import language_errors
 from captiond.engines.faster_whisper import WHOLE_FILE_SETTINGS, segments_text
-from captiond.models import resolve_model
+from captiond.engines.models import resolve_model
+from captiond.whisper import SAMPLE_RATE_HZ
 
 
 def seconds(spec: str) -> list[float]:

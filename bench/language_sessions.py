@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from captiond import SAMPLE_RATE_HZ
 from captiond.bench.common import read_manifest, select_clips, spoken_faster, write_wav
 from captiond.bench.wer import CHARACTER_LANGUAGES
-from captiond_client.audiofile import read_audio_16k_mono
+from captiond.sources.audiofile import read_audio_16k_mono
+from captiond.whisper import SAMPLE_RATE_HZ
 
 MIN_UTTERANCES = 4
 

@@ -3,7 +3,7 @@
     python3 bench/language_switch_replay.py ../shared/speech ../shared/speech-multi --out FILE
 
 With `?language=auto` an utterance of `language_detect_s` (3 s) or more is detected on its
-first 3 s, from where the VAD starts it, and `engines.choose_language` keeps the session's
+first 3 s, from where the VAD starts it, and `engines.rules.choose_language` keeps the session's
 language or switches. Here every such utterance of the corpora is detected once, as the
 session would (faster-whisper base, int8 on the CPU), and runs of them are replayed through
 the rule:
@@ -29,13 +29,13 @@ from typing import Any
 
 from faster_whisper import WhisperModel
 
-from captiond import SAMPLE_RATE_HZ
 from captiond.bench.common import read_manifest
 from captiond.config import Config
-from captiond.engines import choose_language
-from captiond.models import resolve_model
-from captiond.vad import utterance_spans, webrtc_vad
-from captiond_client.audiofile import read_audio_16k_mono
+from captiond.engines.models import resolve_model
+from captiond.engines.rules import choose_language
+from captiond.sources.audiofile import read_audio_16k_mono
+from captiond.streaming.vad import utterance_spans, webrtc_vad
+from captiond.whisper import SAMPLE_RATE_HZ
 
 Probabilities = dict[str, float]
 Rule = Callable[[list[Probabilities], str], list[str]]

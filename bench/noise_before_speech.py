@@ -3,7 +3,7 @@
     python3 bench/noise_before_speech.py ../shared/speech OUT
     captiond bench decode --manifest OUT/manifest.jsonl --clips utterance --out DIR
 
-A decode without context hears the quiet before its utterance (context.py). In the speech
+A decode without context hears the quiet before its utterance (streaming/context.py). In the speech
 corpus that quiet is short and quiet; here every 4th of the first 80 exact-reference utterances
 follows 5, 15 or 25 s of one of the corpus's noise or music clips at 0.3 of its level, so the
 bench shows whether Whisper then writes words for the noise or loses the utterance's first
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from captiond import SAMPLE_RATE_HZ
 from captiond.bench.common import read_manifest, select_clips, write_wav
-from captiond_client.audiofile import read_audio_16k_mono
+from captiond.sources.audiofile import read_audio_16k_mono
+from captiond.whisper import SAMPLE_RATE_HZ
 
 NOISES = (
     "noise_doing_the_dishes",

@@ -21,14 +21,14 @@ import time
 import numpy as np
 import torch
 
-from captiond import SAMPLE_RATE_HZ
-from captiond.engines import DecodeKind, EngineRequest
+from captiond.engines.base import DecodeKind, EngineRequest
 from captiond.engines.torch_graph.stream_audio import (
     CENTRE_PAD_SAMPLES,
     CENTRED_SAMPLES,
     TAIL_PAD_SAMPLES,
     StreamAudio,
 )
+from captiond.whisper import SAMPLE_RATE_HZ
 
 PARTIAL_HOP_SAMPLES = 8_000  # 0.5 s: the partial interval
 

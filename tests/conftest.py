@@ -1,23 +1,21 @@
-"""Shared fixtures: the real speech corpus (../shared/speech), the bundled model, and small
-helpers."""
+"""Shared fixtures: the real speech corpora (../shared/speech, ../shared/speech-multi) and the
+bundled model. Plain helpers are in helpers/testkit.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import wave
+import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 import pytest
+from testkit import SPEECH_DIR, SPEECH_MULTI_DIR, missing_tool, read_wav_int16
 
 from captiond.config import EngineConfig
-from captiond.engines import Engine, load_engine
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SPEECH_DIR = REPO_ROOT.parent / "shared" / "speech"
-SPEECH_MULTI_DIR = REPO_ROOT.parent / "shared" / "speech-multi"
+from captiond.engines import load_engine
+from captiond.engines.base import Engine
 
 
 def _corpus(folder: Path) -> Path:
@@ -69,26 +67,12 @@ def speech_multi_manifest(speech_multi_dir: Path) -> list[dict[str, Any]]:
     return _manifest(speech_multi_dir)
 
 
-def missing_tool(message: str) -> NoReturn:
-    """A system tool a test needs is absent: skip locally, fail in CI (.ci/run installs it)."""
-    if os.environ.get("CI"):
-        pytest.fail(f"{message}; CI must run this test (.ci/run installs it)")
-    pytest.skip(message)
-
-
-def vad_spans(samples: np.ndarray) -> list[tuple[int, int]]:
-    """[start, end) of every utterance the default webrtcvad segmentation finds in `samples`."""
-    from captiond.config import Config
-    from captiond.vad import utterance_spans, webrtc_vad
-
-    config = Config()
-    return utterance_spans(
-        samples, webrtc_vad(config.vad.aggressiveness), config.vad, config.stream
-    )
-
-
-def read_wav_int16(path: Path) -> np.ndarray:
-    """A 16-bit mono WAV as int16 samples."""
-    with wave.open(str(path), "rb") as wf:
-        assert wf.getsampwidth() == 2 and wf.getnchannels() == 1
-        return np.frombuffer(wf.readframes(wf.getnframes()), dtype="<i2").copy()
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """`captiond.cli.main` configures the root logger with a handler on the sys.stderr of its
+    test (capsys's, closed afterwards); a later test that logs would write to that closed
+    stream. Each test gets the root logger back as it found it."""
+    handlers, level = logging.root.handlers[:], logging.root.level
+    yield
+    logging.root.handlers[:] = handlers
+    logging.root.setLevel(level)

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from captiond.chinese import VARIANTS
 from captiond.config import (
     EVENT_LOOPS,
     RANGES,
@@ -30,6 +29,7 @@ from captiond.config import (
     override,
 )
 from captiond.errors import ConfigError
+from captiond.lang.chinese import VARIANTS
 
 
 def _write(tmp_path: Path, text: str) -> Path:

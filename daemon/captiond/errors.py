@@ -126,6 +126,9 @@ class SourceNotFoundError(SessionError):
     code = "no_such_source"
 
 
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+CLOSE_DROPPED = 1006  # no close frame: what the journal records for a session never resumed
 CLOSE_INTERNAL = 1011
 CLOSE_CODES: dict[type[SessionError], int] = {
     ShuttingDownError: 1001,

@@ -14,8 +14,8 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from captiond.sources.audiofile import AudioFileError, read_audio_16k_mono
 from captiond_client import DEFAULT_URL
-from captiond_client.audiofile import AudioFileError, read_audio_16k_mono
 from captiond_client.display import TRANSCRIPT_SUFFIXES, CaptionPrinter, write_transcript
 from captiond_client.stream import StreamError, stream_samples
 
@@ -117,7 +117,8 @@ def _stream(args: argparse.Namespace) -> int:
 
 
 def _mic(args: argparse.Namespace) -> int:
-    from captiond_client.mic import find_device, stream_microphone
+    from captiond.sources.mic import find_device
+    from captiond_client.mic import stream_microphone
 
     device = find_device(int(args.device) if args.device.isdigit() else args.device)
     printer = CaptionPrinter(as_json=args.json)

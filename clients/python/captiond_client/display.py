@@ -14,7 +14,7 @@ import unicodedata
 from pathlib import Path
 from typing import Any, TextIO
 
-from captiond.text import join_texts, joins_without_space
+from captiond.lang.text import join_texts, joins_without_space
 
 DIM, BOLD, RESET, CLEAR_LINE = "\x1b[2m", "\x1b[1m", "\x1b[0m", "\r\x1b[2K"
 TRANSCRIPT_SUFFIXES = (".txt", ".vtt", ".srt", ".json")

@@ -32,12 +32,13 @@ from websockets.exceptions import (
     InvalidURI,
 )
 
-from captiond_client.audiofile import TARGET_RATE_HZ, to_pcm_s16le
+from captiond.sources.audiofile import to_pcm_s16le
+from captiond.streaming.audio import CHUNK_MS
+from captiond.whisper import SAMPLE_RATE_HZ
 
 log = logging.getLogger(__name__)
 
 Message = dict[str, Any]
-CHUNK_MS = 100
 BYTES_PER_SAMPLE = 2
 # Errors after which the same session is worth resuming: the daemon is stopping (it keeps the
 # session in its journal), or it is full for now.
@@ -109,7 +110,7 @@ class SendBudget:
         self._connection = (self._connection[0], self._connection[1] + size)
 
 
-def stream_url(url: str, sample_rate_hz: int = TARGET_RATE_HZ) -> str:
+def stream_url(url: str, sample_rate_hz: int = SAMPLE_RATE_HZ) -> str:
     sep = "&" if "?" in url else "?"
     return f"{url}{sep}sample_rate={sample_rate_hz}&encoding=pcm_s16le"
 
@@ -396,7 +397,7 @@ def _raise_if_failed(task: asyncio.Task[None]) -> None:
 
 async def paced_chunks(samples: npt.NDArray[np.float32], speed: float) -> AsyncIterator[bytes]:
     """100 ms PCM chunks, on the schedule of real time divided by `speed` (0: at once)."""
-    chunk = TARGET_RATE_HZ * CHUNK_MS // 1000
+    chunk = SAMPLE_RATE_HZ * CHUNK_MS // 1000
     started = time.monotonic()
     for i, start in enumerate(range(0, len(samples), chunk)):
         if speed > 0:
@@ -420,10 +421,10 @@ async def stream_samples(
     taken much of it."""
     stream = Stream(
         url,
-        sample_rate_hz=TARGET_RATE_HZ,
+        sample_rate_hz=SAMPLE_RATE_HZ,
         on_message=on_message,
         retry_for_s=retry_for_s,
-        keep_audio_s=max(120.0, len(samples) / TARGET_RATE_HZ + 1),
+        keep_audio_s=max(120.0, len(samples) / SAMPLE_RATE_HZ + 1),
         fresh_resend_s=fresh_resend_s,
         max_send_speed=max_send_speed,
     )

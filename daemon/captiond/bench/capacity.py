@@ -48,10 +48,11 @@ from captiond.bench.report import (
     write_json,
 )
 from captiond.bench.speech import SpeechRuns, speech_runs
+from captiond.decoding.scheduler import InferenceScheduler
+from captiond.engines.models import resolve_model
 from captiond.errors import ConfigError
-from captiond.loop import run as run_loop
-from captiond.models import resolve_model
-from captiond.scheduler import InferenceScheduler
+from captiond.ops.loop import run as run_loop
+from captiond.whisper import SAMPLE_RATE_HZ
 
 # Between a clip's repeats when it is shorter than --duration-s: the silence ends its utterance.
 _LOOP_GAP_S = 1.0
@@ -100,10 +101,12 @@ def add_capacity_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 
 def loop_audio(samples: npt.NDArray[np.float32], duration_s: float) -> npt.NDArray[np.float32]:
     """`duration_s` of the clip: cut, or repeated with `_LOOP_GAP_S` of silence between."""
-    want = int(duration_s * 16_000)
+    want = int(duration_s * SAMPLE_RATE_HZ)
     if len(samples) >= want:
         return samples[:want]
-    period = np.concatenate([samples, np.zeros(int(_LOOP_GAP_S * 16_000), dtype=np.float32)])
+    period = np.concatenate(
+        [samples, np.zeros(int(_LOOP_GAP_S * SAMPLE_RATE_HZ), dtype=np.float32)]
+    )
     return np.tile(period, -(-want // len(period)))[:want]
 
 

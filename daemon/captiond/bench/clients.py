@@ -30,7 +30,8 @@ import numpy.typing as npt
 from captiond.bench.metrics import Trace
 from captiond.bench.pacing import stream_native
 from captiond.bench.peer_whisperlive import stream_whisperlive
-from captiond.loop import run as run_loop
+from captiond.ops.loop import run as run_loop
+from captiond.whisper import SAMPLE_RATE_HZ
 
 PROTOCOLS = ("native", "whisperlive")
 # After its audio a stream has this long to finish: far beyond any latency bound, so only a
@@ -60,7 +61,7 @@ class ClientPlan:
     peer_language: str | None  # WhisperLive's (None: it detects); captiond's is its own
 
     def stream_timeout_s(self, stream: PlannedStream) -> float:
-        return len(self.audio[stream.audio]) / 16_000 + STREAM_TAIL_S
+        return len(self.audio[stream.audio]) / SAMPLE_RATE_HZ + STREAM_TAIL_S
 
     def deadline_s(self) -> float:
         """After the level's start epoch: when the last of these streams must have ended."""

@@ -21,19 +21,20 @@ import numpy as np
 import numpy.typing as npt
 from websockets.asyncio.client import connect
 
-from captiond import SAMPLE_RATE_HZ
-from captiond.audio import Samples
 from captiond.bench.peer_whisperlive import MODES, peer_version
 from captiond.bench.report import config_dict, machine_facts, parse_settings
 from captiond.config import Config, load_config, override
-from captiond.engines import ENGINE_NAMES, Engine, load_engine
+from captiond.decoding.scheduler import InferenceScheduler
+from captiond.engines import ENGINE_NAMES, load_engine
+from captiond.engines.base import Engine
 from captiond.errors import ConfigError
-from captiond.logs import LOG_LEVELS
-from captiond.loop import run as run_loop
-from captiond.protocol import AUTO_LANGUAGE, check_language
-from captiond.scheduler import InferenceScheduler
-from captiond.server import Daemon
-from captiond_client.audiofile import read_audio_16k_mono, to_pcm_s16le
+from captiond.lang.languages import AUTO_LANGUAGE, check_language
+from captiond.ops.logs import LOG_LEVELS
+from captiond.ops.loop import run as run_loop
+from captiond.samples import Samples
+from captiond.server.daemon import Daemon
+from captiond.sources.audiofile import read_audio_16k_mono, to_pcm_s16le
+from captiond.whisper import SAMPLE_RATE_HZ
 from captiond_client.stream import stream_url
 
 KINDS = ("long", "utterance", "nonspeech")
@@ -84,7 +85,7 @@ class Clip:
 
     @property
     def duration_s(self) -> float:
-        return len(self.samples) / 16_000
+        return len(self.samples) / SAMPLE_RATE_HZ
 
 
 @dataclass(slots=True, kw_only=True)
@@ -150,7 +151,7 @@ def load_clips(manifest: Path, spec: str, max_s: float | None) -> list[Clip]:
     for e in select_clips(read_manifest(manifest), spec):
         samples = read_audio_16k_mono(manifest.parent / e["file"])
         if max_s is not None:
-            samples = samples[: int(max_s * 16_000)]
+            samples = samples[: int(max_s * SAMPLE_RATE_HZ)]
         # A cut clip's reference no longer matches: keep it only for the clip's own kind.
         exact = e.get("ref_quality", "exact") == "exact" and (
             max_s is None or max_s >= e["duration_s"]
@@ -248,9 +249,9 @@ def _stream_url(port: int) -> str:
 async def _worker_pool(
     config: Config, scheduler: InferenceScheduler
 ) -> AsyncIterator[tuple[int, list[int]]]:
-    """The multi-process daemon (workers.py); its port and its processes' ids."""
+    """The multi-process daemon (workers/pool.py); its port and its processes' ids."""
     # Imported here: only `bench capacity --workers` needs it.
-    from captiond.workers import WorkerPool
+    from captiond.workers.pool import WorkerPool
 
     # The workers' metrics go to a folder of the pool's own; this process keeps its metrics in
     # memory, where the bench reads the engine's figures.

@@ -29,7 +29,7 @@ from captiond.bench.metrics import share, stable_before_final
 from captiond.bench.report import Progress, write_json
 from captiond.bench.wer import NO_ERRORS, WerCounts, language_errors, normalize
 from captiond.config import override
-from captiond.offline import transcribe_samples
+from captiond.streaming.offline import transcribe_samples
 
 
 def add_decode_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -34,12 +34,12 @@ import numpy.typing as npt
 
 import captiond
 from captiond.bench.report import count_list, cpu_model, cpu_vector_flags, package_version
+from captiond.decoding.scheduler import ENGINE_SWITCH_INTERVAL_S
+from captiond.engines.models import model_display_name, resolve_model
 from captiond.errors import ConfigError
-from captiond.models import model_display_name, resolve_model
-from captiond.scheduler import ENGINE_SWITCH_INTERVAL_S
-from captiond_client.audiofile import AudioFileError, read_audio_16k_mono
+from captiond.sources.audiofile import AudioFileError, read_audio_16k_mono
+from captiond.whisper import SAMPLE_RATE_HZ
 
-SAMPLE_RATE_HZ = 16_000
 SYNTHETIC_AUDIO_S = 10.0
 ENGINES = ("torch_graph", "faster-whisper")
 PEERS = ("transformers",)

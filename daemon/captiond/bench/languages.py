@@ -49,8 +49,8 @@ from captiond.engines.faster_whisper import (
     transcribe_whole_file,
     whole_file_compute_type,
 )
-from captiond.loop import run as run_loop
-from captiond.models import resolve_model
+from captiond.engines.models import resolve_model
+from captiond.ops.loop import run as run_loop
 
 
 def add_languages_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -1,4 +1,5 @@
-"""The streaming measurements of DESIGN §6 over one recorded stream (pure functions, any thread).
+"""The streaming measurements (docs/design/decisions.md#measuring) over one recorded stream (pure
+functions, any thread).
 
 A `Trace` is what a benchmark client saw: when each stretch of audio was sent and when each
 message arrived, both on one wall clock, with messages in the native protocol's shape (the
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from captiond.bench.speech import SpeechRuns
-from captiond.text import continuation
+from captiond.lang.text import continuation
 
 Message = dict[str, Any]
 

@@ -16,13 +16,14 @@ import numpy as np
 import numpy.typing as npt
 from websockets.asyncio.client import connect
 
-from captiond.audio import samples_to_ms
 from captiond.bench.metrics import Trace
-from captiond_client.audiofile import to_pcm_s16le
+from captiond.samples import samples_to_ms
+from captiond.sources.audiofile import to_pcm_s16le
+from captiond.whisper import SAMPLE_RATE_HZ
 from captiond_client.stream import stream_url
 
 CHUNK_MS = 100
-_CHUNK_SAMPLES = 16_000 * CHUNK_MS // 1000
+_CHUNK_SAMPLES = SAMPLE_RATE_HZ * CHUNK_MS // 1000
 
 
 class BenchStreamError(RuntimeError):

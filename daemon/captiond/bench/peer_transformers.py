@@ -38,6 +38,7 @@ import torch
 import transformers
 from transformers.modeling_outputs import BaseModelOutput
 
+from captiond.engines.models import model_display_name
 from captiond.engines.torch_graph import resolve_device
 from captiond.engines.torch_graph.bench import timed_s
 from captiond.engines.torch_graph.tokens import WhisperTokens
@@ -47,9 +48,8 @@ from captiond.engines.torch_graph.weights import (
     load_tensors,
     random_tensors,
 )
-from captiond.models import model_display_name
+from captiond.whisper import SAMPLE_RATE_HZ
 
-SAMPLE_RATE_HZ = 16_000
 N_FRAMES = 3000  # one 30 s window of log-mel frames
 REPEATS = 3  # each decode timing is the best of this many calls (after one warm call)
 CHILD_TIMEOUT_S = 1800  # one batch size's compile and compiled timings

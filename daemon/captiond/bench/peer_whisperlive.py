@@ -32,7 +32,7 @@ from websockets.exceptions import ConnectionClosed
 
 from captiond.bench.metrics import Message, Trace
 from captiond.bench.pacing import send_paced
-from captiond.protocol import AUTO_LANGUAGE, check_language
+from captiond.lang.languages import AUTO_LANGUAGE, check_language
 
 VENV = Path(".venv-whisperlive")
 MODES = ("default", "single", "batch")

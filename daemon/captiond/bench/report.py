@@ -61,7 +61,7 @@ def parse_settings(settings: Sequence[str], base: Config) -> Config:
 # The vector extensions the CPU kernels of CTranslate2 and of oneDNN under it (its int8 and
 # float32 GEMMs) dispatch on, and the variables that cap them. Decodes move with them: on one
 # 2-core "AMD EPYC" VM with VNNI, capping oneDNN at AVX2 changed the int8 whole-file text of 35
-# of the 78 multilingual clips (docs/languages-measurements.md). A figure records its CPU's.
+# of the 78 multilingual clips (docs/measurements/languages-log.md). A figure records its CPU's.
 _VECTOR_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
 _ISA_CAPS = ("CT2_FORCE_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from captiond import SAMPLE_RATE_HZ
-from captiond.audio import FRAME_SAMPLES, samples_to_ms
-from captiond.vad import levels_dbfs, webrtc_vad
-from captiond_client.audiofile import to_pcm_s16le
+from captiond.samples import samples_to_ms
+from captiond.sources.audiofile import to_pcm_s16le
+from captiond.streaming.audio import FRAME_SAMPLES
+from captiond.streaming.vad import levels_dbfs, webrtc_vad
+from captiond.whisper import SAMPLE_RATE_HZ
 
 _AGGRESSIVENESS = 3
 _FLOOR_DBFS = -55.0

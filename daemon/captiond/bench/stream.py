@@ -1,7 +1,8 @@
 """`captiond bench stream`: accuracy, latency and stability of real-time streams, per clip.
 
 Main thread and its event loop. The engine is loaded once: the main thread uses it first for the
-offline transcripts (captiond.offline), then hands it to an in-process daemon's engine thread
+offline transcripts (captiond.streaming.offline), then hands it to an in-process daemon's engine
+thread
 (unless --url names a running daemon). The accuracy reference is faster-whisper's own `transcribe`
 of each whole clip with the same model (the `whole-file` column). With --peer whisperlive the same
 clips are streamed to WhisperLive at the same pace, one clip at a time, after ours. Each clip
@@ -22,7 +23,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from captiond import SAMPLE_RATE_HZ
 from captiond.bench import common
 from captiond.bench.metrics import (
     Trace,
@@ -49,9 +49,10 @@ from captiond.engines.faster_whisper import (
     transcribe_whole_file,
     whole_file_compute_type,
 )
-from captiond.loop import run as run_loop
-from captiond.models import resolve_model
-from captiond.offline import transcribe_samples
+from captiond.engines.models import resolve_model
+from captiond.ops.loop import run as run_loop
+from captiond.streaming.offline import transcribe_samples
+from captiond.whisper import SAMPLE_RATE_HZ
 
 # Silence after each clip: well past captiond's endpoint (500 ms); WhisperLive is given its
 # adapter's settle time after it too (peer_whisperlive.stream_whisperlive).

@@ -6,7 +6,8 @@ encoding), a control for the session, and replies to send at once; and it render
 message the session produces (`ready`, partials, finals, speech events, `done`, `error`) as
 zero or more frames of its own protocol. One dialect instance per connection, used on the
 event-loop thread. `native.py` is captiond's protocol v1; the others are cloud vendors' APIs,
-so that their unmodified SDKs work against a local daemon (see the README).
+so that their unmodified SDKs work against a local daemon (docs/guides/existing-app.md,
+docs/reference/dialects.md).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from captiond.errors import SessionError
-from captiond.protocol import Ack, Control, LanguageSetting, ServerMessage, StreamParams
+from captiond.lang.languages import LanguageSetting
+from captiond.streaming.events import Ack, Control, ServerMessage, StreamParams
 
 # Raises a SessionError (bad_message) for a Whisper language code the daemon's model cannot
 # caption: English-only models take only English, and Cantonese came with large-v3

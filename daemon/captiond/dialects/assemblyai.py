@@ -49,9 +49,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from captiond.dialects import LanguageCheck, Received, any_language
+from captiond.dialects.native import parse_stream_params
 from captiond.errors import BadAudioError, BadMessageError, SessionError
-from captiond.protocol import (
-    AUTO_LANGUAGE,
+from captiond.lang.languages import AUTO_LANGUAGE, parse_language, prompt_of_terms
+from captiond.lang.text import join_units, plain_unit, units
+from captiond.streaming.events import (
     Control,
     Done,
     Error,
@@ -61,11 +63,7 @@ from captiond.protocol import (
     ServerMessage,
     SpeechStarted,
     StreamParams,
-    parse_language,
-    parse_stream_params,
-    prompt_of_terms,
 )
-from captiond.text import join_units, plain_unit, units
 
 # Control messages are small; UpdateConfiguration may carry key terms and a prompt.
 MAX_MESSAGE_BYTES = 16_384
@@ -210,7 +208,7 @@ class AssemblyAIDialect:
     def _render_partial(self, message: Partial) -> str:
         turn = self._turns.setdefault(message.segment, _Turn(start_ms=message.start_ms))
         # Units, not space-separated words: each character of a Chinese or Japanese sentence
-        # is a word here (text.py).
+        # is a word here (lang/text.py).
         stable = units(message.stable)
         words = _timed(turn, [*stable, *units(message.unstable)], message.end_ms)
         turn.final_words = words[: len(stable)]

@@ -1,6 +1,6 @@
 """Deepgram's live transcription API, `/v1/listen`, so that Deepgram's own SDKs (and clients
 written to its docs) stream to captiond unchanged. Sans-I/O, one instance per connection, used
-on the event-loop thread (connection.py calls `receive` and `render`).
+on the event-loop thread (server/connection.py calls `receive` and `render`).
 
 Query string: `encoding=linear16` with `sample_rate` (resampled by the daemon) and `channels`
 (interleaved; averaged to mono here), `interim_results` (partials become `Results` with
@@ -53,8 +53,9 @@ from typing import Any
 
 import numpy as np
 
-from captiond import SAMPLE_RATE_HZ, __version__
+from captiond import __version__
 from captiond.dialects import LanguageCheck, Received, any_language
+from captiond.dialects.native import Query, parse_stream_params
 from captiond.errors import (
     CLOSE_CODES,
     BadAudioError,
@@ -65,22 +66,21 @@ from captiond.errors import (
     SessionError,
     close_code_for,
 )
-from captiond.protocol import (
+from captiond.lang.languages import prompt_of_terms
+from captiond.lang.text import join_units, plain_unit, units
+from captiond.streaming.events import (
     Control,
     Done,
     Error,
     Final,
     Partial,
-    Query,
     Ready,
     ServerMessage,
     SpeechStarted,
     SpeechStopped,
     StreamParams,
-    parse_stream_params,
-    prompt_of_terms,
 )
-from captiond.text import join_units, plain_unit, units
+from captiond.whisper import SAMPLE_RATE_HZ
 
 # Deepgram's `err_code` for a refused handshake (its error reference); others: the status phrase.
 _ERR_CODES = {400: "Bad Request", 401: "INVALID_AUTH"}
@@ -368,7 +368,7 @@ class DeepgramDialect:
         # detected: with multi, a list, or the daemon's [stream] language = "auto".
         language = {"language": message.language} if self._multi and message.language else {}
         # Units, not space-separated words: a Chinese or Japanese sentence has no spaces, and
-        # each of its characters is a word here (text.py).
+        # each of its characters is a word here (lang/text.py).
         tokens = units(text)
         words = [(plain, token) for token in tokens if (plain := plain_unit(token))]
         # No word timestamps: the segment is divided evenly (interpolated, not measured).

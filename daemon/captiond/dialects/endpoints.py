@@ -1,6 +1,6 @@
 """The websocket paths that carry a stream, and the dialect each one speaks.
 
-Sans-I/O table, read by server.py on the event-loop thread: for each path, how a connection's
+Sans-I/O table, read by server/daemon.py on the event-loop thread: for each path, how a connection's
 query string becomes its dialect, which Authorization schemes its clients send
 (besides `?token=`), and whether its sessions can be resumed (only protocol v1 has resume).
 """
@@ -12,9 +12,8 @@ from dataclasses import dataclass
 
 from captiond.dialects import Dialect, deepgram
 from captiond.dialects.assemblyai import AssemblyAIDialect
-from captiond.dialects.native import NativeDialect
+from captiond.dialects.native import NativeDialect, Query
 from captiond.dialects.openai_realtime import OpenAIRealtimeDialect
-from captiond.protocol import Query
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -70,19 +70,17 @@ from typing import Any
 
 from captiond.dialects import LanguageCheck, Received, any_language
 from captiond.errors import BadMessageError, CaptiondError, SessionError, close_code_for
-from captiond.protocol import (
+from captiond.lang.languages import LanguageSetting, check_prompt, parse_language_tag
+from captiond.streaming.events import (
     Control,
     Error,
     Final,
-    LanguageSetting,
     Partial,
     Ready,
     ServerMessage,
     SpeechStarted,
     SpeechStopped,
     StreamParams,
-    check_prompt,
-    parse_language_tag,
 )
 
 SAMPLE_RATE_HZ = 24_000  # the only rate OpenAI's pcm format has

@@ -5,7 +5,7 @@ word `wN` (N counts from the start of the request's audio), so longer decodes of
 utterance extend the previous text, as Whisper's would. As Whisper's prefix does, a request's
 prefix stands for the first words of its audio: the result holds only the words after it. A
 decode whose audio ends in 250 ms of quiet ends a sentence there, as Whisper's mostly do where a
-speaker stopped: its last word gets a full stop (the session's endpoint reads it: vad.py).
+speaker stopped: its last word gets a full stop (the session's endpoint reads it: streaming/vad.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from captiond.engines import EngineRequest, EngineResult, PhaseTimes
-from captiond.protocol import WHISPER_LANGUAGES
+from captiond.engines.base import EngineRequest, EngineResult, PhaseTimes
+from captiond.whisper import WHISPER_LANGUAGES
 
 WORD_SAMPLES = 4_000
 _LOUD_POWER = 10 ** (-50 / 10)  # mean square of -50 dBFS

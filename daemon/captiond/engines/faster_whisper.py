@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -19,38 +18,34 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from captiond.chinese import written
 from captiond.config import EngineConfig
-from captiond.engines import (
-    MAX_LENGTH,
-    N_FRAMES,
+from captiond.engines import resolve_engine_config
+from captiond.engines.base import (
     DecodeKind,
     EngineRequest,
     EngineResult,
-    LanguageChoice,
     PhaseTimes,
     begins_with_space,
+)
+from captiond.engines.models import model_display_name
+from captiond.engines.rules import (
+    LanguageChoice,
     case_variants,
+    compression_ratio,
     fit_prompt,
     new_token_budget,
     partial_token_cap,
     request_language,
-    resolve_engine_config,
     text_tokens,
     unit_probabilities,
     window_frames,
 )
 from captiond.errors import ConfigError
-from captiond.models import model_display_name
-from captiond.protocol import WHISPER_LANGUAGES
+from captiond.lang.chinese import written
+from captiond.whisper import MAX_LENGTH, N_FRAMES, SAMPLE_RATE_HZ, WHISPER_LANGUAGES
 
 if TYPE_CHECKING:  # faster-whisper is imported where a model is loaded
     from faster_whisper.transcribe import Segment
-
-
-def compression_ratio(text: str) -> float:
-    data = text.encode("utf-8")
-    return len(data) / len(zlib.compress(data)) if data else 0.0
 
 
 class FasterWhisperEngine:
@@ -138,7 +133,7 @@ class FasterWhisperEngine:
         return 16 if self._model.model.device == "cuda" else 1
 
     def warmup(self) -> None:
-        silence = np.zeros(16_000, dtype=np.float32)
+        silence = np.zeros(SAMPLE_RATE_HZ, dtype=np.float32)
         self.transcribe_batch([EngineRequest(audio=silence, kind=DecodeKind.PARTIAL)])
 
     def close(self) -> None:
@@ -349,7 +344,7 @@ def transcribe_whole_file(
     (its 30-s windows, timestamps, previous-text conditioning), beam 5, its temperature
     fallback, no VAD: what a user gets by running faster-whisper on the recording afterwards.
     `without_timestamps` decodes text tokens only, as captiond's decodes do; Chinese is
-    written in `chinese_variant`'s script, as captiond writes it (chinese.py)."""
+    written in `chinese_variant`'s script, as captiond writes it (lang/chinese.py)."""
     import ctranslate2
     from faster_whisper import WhisperModel
 

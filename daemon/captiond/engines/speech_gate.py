@@ -5,7 +5,8 @@ transcribe it, writes words ("Whoa! Whoa!"), which then become context for the n
 Silero VAD (v6, the ONNX model bundled with faster-whisper; ~3 ms per second of audio on one
 core) tells these apart. A request whose `speech_from_sample` is set is decoded only if Silero
 finds enough speech in its audio from there on (`gate`); otherwise it is answered as no speech
-without reaching the engine. The daemon checks before it queues a decode (gate.py: on a thread
+without reaching the engine. The daemon checks before it queues a decode (decoding/gate.py: on a
+thread
 pool of the process that serves the stream, never on the engine thread); offline decodes check
 on their own thread. Any thread: ONNX Runtime's session runs calls side by side.
 """
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from captiond.engines import EngineRequest, EngineResult
+from captiond.engines.base import EngineRequest, EngineResult
 
 if TYPE_CHECKING:
     from captiond.config import EngineConfig
@@ -36,8 +37,8 @@ SPEECH_RULES = (
     (0.3, 12, 0.2),
 )
 FRAME_SAMPLES = 512
-# Checks run side by side on this many threads of a process (gate.py): ONNX Runtime lets go of
-# the GIL while Silero runs (one thread per call, faster-whisper's session options). One after
+# Checks run side by side on this many threads of a process (decoding/gate.py): ONNX Runtime lets
+# go of the GIL while Silero runs (one thread per call, faster-whisper's session options). One after
 # another on the engine thread they were 10 % of its time per batch at 1,000 streams on an
 # H200 (23 of 226 ms), ahead of the GPU work they held up.
 GATE_THREADS = min(4, os.cpu_count() or 1)

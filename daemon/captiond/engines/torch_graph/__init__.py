@@ -30,14 +30,17 @@ import numpy as np
 import torch
 
 from captiond.config import EngineConfig
-from captiond.engines import (
-    N_FRAMES,
+from captiond.engines.base import (
     DecodeKind,
     EngineRequest,
     EngineResult,
-    LanguageChoice,
     PhaseTimes,
     begins_with_space,
+)
+from captiond.engines.models import model_display_name
+from captiond.engines.rules import (
+    LanguageChoice,
+    compression_ratio,
     partial_token_cap,
     request_language,
     unit_probabilities,
@@ -50,14 +53,14 @@ from captiond.engines.torch_graph.kv_cache import allocate_cache, bytes_per_row
 from captiond.engines.torch_graph.mel import MelFrontend
 from captiond.engines.torch_graph.model import build_model, inference
 from captiond.engines.torch_graph.stream_audio import RING_SAMPLES, Clip, StreamAudio
-from captiond.engines.torch_graph.tokens import PromptPlan, WhisperTokens, compression_ratio
+from captiond.engines.torch_graph.tokens import PromptPlan, WhisperTokens
 from captiond.engines.torch_graph.weights import (
     ModelDims,
     dims_from_tensors,
     load_tensors,
     random_tensors,
 )
-from captiond.models import model_display_name
+from captiond.whisper import N_FRAMES, SAMPLE_RATE_HZ
 
 __all__ = ["TorchGraphEngine"]
 
@@ -74,7 +77,7 @@ DEFAULT_MAX_BATCH_CPU = 8
 # CUDA what fits a sixteenth of the GPU's memory, at most 4 GiB with the scratch rings (80 GB
 # H100: 1,920 streams with batches of 128); on the CPU two batches' worth.
 STREAM_AUDIO_BUDGET_BYTES = 4 * 2**30
-WARMUP_AUDIO_SAMPLES = 16_000
+WARMUP_AUDIO_SAMPLES = SAMPLE_RATE_HZ  # one second
 CHECK_EVERY_STEPS_CUDA = 8
 
 

@@ -20,12 +20,11 @@ import torch
 from torch.nn.attention import SDPBackend
 
 from captiond.config import EngineConfig
-from captiond.engines import DecodeKind, EngineRequest
+from captiond.engines.base import DecodeKind, EngineRequest
 from captiond.engines.torch_graph import TorchGraphEngine
 from captiond.engines.torch_graph.cuda_graph import bucket_for
 from captiond.engines.torch_graph.model import inference, step_attention
-
-SAMPLE_RATE_HZ = 16_000
+from captiond.whisper import SAMPLE_RATE_HZ
 
 
 def device_summary() -> dict[str, Any]:

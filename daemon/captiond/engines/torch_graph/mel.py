@@ -17,14 +17,13 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from captiond import SAMPLE_RATE_HZ
-from captiond.engines import HOP_SAMPLES, N_FRAMES
 from captiond.engines.torch_graph.stream_audio import (
     CENTRE_PAD_SAMPLES,
     TAIL_PAD_SAMPLES,
     Clip,
     StreamAudio,
 )
+from captiond.whisper import HOP_SAMPLES, N_FRAMES, SAMPLE_RATE_HZ
 
 N_FFT = 2 * CENTRE_PAD_SAMPLES
 

@@ -23,11 +23,11 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from captiond.audio import AudioSpan
-from captiond.engines import HOP_SAMPLES, N_FRAMES, EngineRequest
+from captiond.engines.base import EngineRequest
 from captiond.engines.torch_graph.staging import Staged
+from captiond.samples import AudioSpan
+from captiond.whisper import WINDOW_SAMPLES
 
-WINDOW_SAMPLES = N_FRAMES * HOP_SAMPLES  # 30 s: the longest window a decode reads
 RING_SAMPLES = 1 << 19  # 32.8 s: more than a window, and a power of two (positions are masks)
 _RING_MASK = RING_SAMPLES - 1
 TAIL_PAD_SAMPLES = 160  # faster-whisper's `padding=160`

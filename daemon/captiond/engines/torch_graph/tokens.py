@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import functools
 import json
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import tokenizers
 
-from captiond.engines import case_variants, fit_prompt, new_token_budget, text_tokens
+from captiond.engines.rules import case_variants, fit_prompt, new_token_budget, text_tokens
 
 _MULTILINGUAL_MIN_VOCAB = 51865  # .en vocabularies have 51864 entries
 TASKS = ("transcribe", "translate")
@@ -205,9 +204,3 @@ class WhisperTokens:
     def decode(self, tokens: Sequence[int]) -> str:
         """Text tokens only (ids below <|endoftext|>), as faster-whisper's Tokenizer.decode."""
         return str(self.tokenizer.decode([t for t in tokens if t < self.special.eot]))
-
-
-def compression_ratio(text: str) -> float:
-    """faster_whisper's get_compression_ratio: bytes over zlib-compressed bytes."""
-    raw = text.encode("utf-8")
-    return len(raw) / len(zlib.compress(raw))

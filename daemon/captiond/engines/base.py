@@ -1,0 +1,244 @@
+"""The engine seam: request and result values, the Engine protocol, `EngineInfo`, and `Submit`
+(one stream's way to the engine).
+
+Engines run on the engine thread only (decoding/scheduler.py). `EngineInfo` is read by the
+processes that serve streams on their event-loop thread, to describe the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+from captiond.errors import BadMessageError
+from captiond.lang.languages import AUTO_LANGUAGE, LanguageSetting, check_model_language
+
+
+class DecodeKind(enum.Enum):
+    """Why a decode was asked for: partials are revisable, finals are committed."""
+
+    PARTIAL = "partial"
+    FINAL = "final"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineRequest:
+    """One Whisper window to decode: 16 kHz mono float32 audio, at most 30 s.
+
+    `prompt` is earlier text the model is conditioned on (Whisper's previous text); `prefix` is
+    text the decode is forced to start with (Whisper's prefix): the committed transcript of the
+    window's first part. The result holds only what the model generated after the prefix.
+    `stream_prompt` is the stream's own prompt (names, terms, style: the client's or
+    `[stream] prompt`), put before the previous text in every decode (see `fit_prompt`).
+    `speech_from_sample`, when set, asks the speech gate (speech_gate.py) to confirm speech in
+    the audio from that sample on before the model runs; the gate answers before the engine
+    sees the request, and engines ignore it.
+
+    `language` None asks the engine to detect it (Whisper's language-token probabilities on
+    the first 30 s of `audio[detect_from_sample:]`, the utterance without its context) and to
+    decode in the language `choose_language` picks given `language_hint`, the session's
+    language so far, and `switch_language`/`switch_nats`, the evidence for another language
+    its earlier utterances left, among `candidates` (empty: any language the model knows). An
+    English-only model always decodes English. `task` is "transcribe" or "translate" (to
+    English).
+
+    `stream` names the stream the window is from, and `end_sample` is where it ends on that
+    stream's sample clock: an engine may keep a stream's audio between its decodes (torch_graph
+    keeps it on the GPU) and take from `audio` only what it lacks. A stream's audio at a given
+    sample never changes. None: a one-off window, taken whole.
+    """
+
+    audio: npt.NDArray[np.float32]
+    kind: DecodeKind
+    language: str | None = "en"
+    language_hint: str | None = None
+    switch_language: str | None = None
+    switch_nats: float = 0.0
+    candidates: tuple[str, ...] = ()
+    detect_from_sample: int = 0
+    task: str = "transcribe"
+    prompt: str = ""
+    prefix: str = ""
+    stream_prompt: str = ""
+    beam_size: int = 1
+    speech_from_sample: int | None = None
+    stream: str | None = None
+    end_sample: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineResult:
+    """The decode of one request after its prefix; scores follow Whisper's definitions."""
+
+    text: str
+    tokens: tuple[int, ...] = ()
+    avg_logprob: float = 0.0
+    no_speech_prob: float = 0.0
+    compression_ratio: float = 1.0
+    # The language decoded in, and its detected probability (1.0 when it was given).
+    language: str | None = None
+    language_probability: float = 1.0
+    # The evidence for a switch the detection leaves (`LanguageChoice`); None when the
+    # language was given, or detected without a session language to switch from.
+    switch_language: str | None = None
+    switch_nats: float = 0.0
+    # p of each text unit of `text` (text.units): its least likely token's probability, for
+    # greedy partials (stable words need it; a beam's choice is not one token's probability,
+    # and finals do not need it); empty otherwise.
+    unit_probs: tuple[float, ...] = ()
+    # Whether the decoded text began with a space, as Whisper writes one before a new word.
+    # After a forced prefix, text without one was written right after it ("加进" + "38年").
+    spaced: bool = True
+    # The decode stopped at its token budget (`new_token_budget`; a partial's cap,
+    # `partial_token_cap`) or as a loop (`looped`), not at <|endoftext|>: the words after
+    # `text` were not written.
+    truncated: bool = False
+    # torch_graph stopped it because its last tokens repeat with a short period
+    # (torch_graph/decode.py, `LOOP_RUN_TOKENS`): `text` is the start of a loop, which the
+    # session drops as Whisper's compression-ratio rule would drop the whole one.
+    looped: bool = False
+
+
+def begins_with_space(written: str) -> bool:
+    """`EngineResult.spaced` of a decode whose text, before stripping, is `written`."""
+    return not written[:1] or written[:1].isspace()
+
+
+class PhaseTimes:
+    """Wall time an engine spends in each phase of its batches (phases named by the engine).
+    The engine thread adds to it while decoding and the scheduler, on the same thread, drains
+    it after every batch into `captiond_engine_phase_seconds`."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed_s = time.perf_counter() - started
+            self._seconds[name] = self._seconds.get(name, 0.0) + elapsed_s
+
+    def drain(self) -> dict[str, float]:
+        """Seconds per phase since the last drain."""
+        seconds, self._seconds = self._seconds, {}
+        return seconds
+
+
+class Engine(Protocol):
+    """A loaded model that decodes batches of requests, synchronously, on the engine thread."""
+
+    @property
+    def phases(self) -> PhaseTimes:
+        """Where the time of its batches goes (`PhaseTimes`)."""
+        ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def max_batch(self) -> int:
+        """The most requests worth decoding in one call (the scheduler's default limit)."""
+        ...
+
+    @property
+    def multilingual(self) -> bool:
+        """The model knows languages other than English (and can detect and translate)."""
+        ...
+
+    @property
+    def known_languages(self) -> frozenset[str]:
+        """The language codes the model has a token for (Cantonese, `yue`, came with
+        large-v3: the models before it know 99)."""
+        ...
+
+    @property
+    def tokenizer_path(self) -> str:
+        """The model's tokenizer.json, by which sessions measure their context (`token_counter`)."""
+        ...
+
+    def warmup(self) -> None:
+        """Run one throw-away batch so the first real request is not slow (graph capture etc.)."""
+
+    def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
+        """Decode every request; the result list has the same order and length."""
+        ...
+
+    def close(self) -> None:
+        """Release the model (device memory, threads)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """What the daemon says about its engine (`ready`, journal, metrics), in any process."""
+
+    name: str
+    model_name: str
+    multilingual: bool
+    max_batch: int
+    known_languages: frozenset[str] = frozenset()
+    tokenizer_path: str = ""  # see `token_counter` ("": the bundled model's)
+
+    @property
+    def english_only(self) -> str:
+        """The model's name when it captions English only; "" when it knows every language."""
+        return "" if self.multilingual else self.model_name
+
+    def stream_language(self, tag: str) -> str:
+        """The language a stream asking for `tag` is decoded in: `auto` on an English-only model
+        is English at once (there is nothing to detect, and detecting would hold back every
+        utterance's first partial)."""
+        return "en" if self.english_only and tag.lower() == AUTO_LANGUAGE else tag
+
+    def stream_setting(self, setting: LanguageSetting) -> LanguageSetting:
+        """`stream_language` of a parsed setting."""
+        code = self.stream_language(setting.code)
+        return setting if code == setting.code else LanguageSetting(code)
+
+    def check_can(
+        self, language: str, task: str = "transcribe", candidates: Sequence[str] = ()
+    ) -> None:
+        """Refuse (BadMessageError) a language code, a candidate of `auto`, or a task this
+        model cannot do: it would decode as nothing, silently, or (torch_graph, a code it has
+        no token for) fail its batch. English-only models take `en` and `auto`, and do not
+        translate; a multilingual one takes the codes it has tokens for (Cantonese, `yue`, came
+        with large-v3)."""
+        for code in (language, *candidates):
+            check_model_language(code, self.english_only)
+            if self.known_languages and code not in (AUTO_LANGUAGE, *self.known_languages):
+                later = ": large-v3 and later do" if code == "yue" else ""
+                raise BadMessageError(
+                    f"the model {self.model_name} does not know language {code!r}{later}"
+                )
+        if self.english_only and task == "translate":
+            raise BadMessageError(
+                f"the model {self.model_name} is English-only: task 'translate' needs a "
+                "multilingual model (captiond serve --model base)"
+            )
+
+    @classmethod
+    def of(cls, engine: Engine) -> EngineInfo:
+        return cls(
+            engine.name,
+            engine.model_name,
+            engine.multilingual,
+            engine.max_batch,
+            engine.known_languages,
+            engine.tokenizer_path,
+        )
+
+
+# One stream's way to the engine: its decode requests in, their results out.
+Submit = Callable[[EngineRequest], Awaitable[EngineResult]]

@@ -1,0 +1,3 @@
+"""The transcript journal: `writer` appends a session's finals (event-loop thread), `reader`
+reads them back for resume, `captiond journal` and the viewers.
+"""

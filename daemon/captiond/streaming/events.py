@@ -1,0 +1,183 @@
+"""Protocol v1's values: stream parameters, client control messages, and server messages as
+JSON (Ready, Partial, Final, ...), which every dialect renders in its own form.
+
+Pure values (Sans-I/O), used on the event-loop thread. The message table is in
+docs/reference/protocol-v1.md; this module is its single implementation on the daemon side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from captiond import PROTOCOL
+from captiond.lang.languages import AUTO_LANGUAGE, LanguageSetting, parse_language
+from captiond.whisper import SAMPLE_RATE_HZ
+
+ENCODINGS = {"pcm_s16le": 2, "f32le": 4}
+MIN_SAMPLE_RATE_HZ = 8_000
+MAX_SAMPLE_RATE_HZ = 192_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamParams:
+    """What the client's audio is: from the `/v1/stream` query string."""
+
+    sample_rate_hz: int = SAMPLE_RATE_HZ
+    encoding: str = "pcm_s16le"
+    language: str = "en"  # or "auto": detected per utterance
+    # With "auto": the languages it is detected among (`?language=en,de`), in the order given;
+    # empty: any the model knows.
+    candidates: tuple[str, ...] = ()
+    # The script Chinese is written in, when the language tag named one (`?language=zh-TW`);
+    # None: the daemon's `[stream] chinese_variant`.
+    chinese_variant: str | None = None
+    task: str = "transcribe"  # or "translate": English captions of any language
+    # Names and terms the audio may contain, put before every decode's previous text; None:
+    # the daemon's `[stream] prompt`.
+    prompt: str | None = None
+
+    @property
+    def auto_language(self) -> bool:
+        return self.language == AUTO_LANGUAGE
+
+    @property
+    def language_setting(self) -> str:
+        """`language` as the client wrote it, Chinese variant aside ("de", "auto", "en,de")."""
+        return LanguageSetting(self.language, self.candidates).setting
+
+    @property
+    def bytes_per_sample(self) -> int:
+        return ENCODINGS[self.encoding]
+
+
+def daemon_stream_params(language: str, task: str = "transcribe") -> StreamParams:
+    """The parameters of a stream the daemon opens itself (files, its microphone) in
+    `[stream] language` (`parse_language`) and `task`."""
+    setting = parse_language(language)
+    return StreamParams(language=setting.code, candidates=setting.candidates, task=task)
+
+
+class Control(enum.Enum):
+    """Client → server control messages without fields."""
+
+    FINALIZE = "finalize"
+    END = "end"
+    KEEPALIVE = "keepalive"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ack:
+    """`{"type":"ack","segment":N}`: the client holds every final up to segment N."""
+
+    segment: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerMessage:
+    TYPE: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.TYPE, **dataclasses.asdict(self)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ready(ServerMessage):
+    TYPE: ClassVar[str] = "ready"
+    protocol: str = PROTOCOL
+    session: str
+    sample_rate: int
+    model: str
+    engine: str
+    # Reconnect with `?resume=` this within `resume_s` to take the session back (None: off).
+    resume_token: str | None = None
+    resume_s: float = 0.0
+    # The stream's audio speed limit ([server] max_audio_speed after audio_burst_s; counted
+    # from the session's start, and anew for one resumed from the journal): a client that
+    # sends faster than real time (a file, a resume's backlog) paces itself under it.
+    max_audio_speed: float
+    audio_burst_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Resumed(Ready):
+    """The first message of a resumed session, instead of `ready`; the `replayed` finals come
+    next. Audio sent now continues the stream after `received_bytes` of audio (a client that
+    kept its audio resends from there); `gap_ms` is how long the session had no connection."""
+
+    TYPE: ClassVar[str] = "resumed"
+    audio_ms: int
+    received_bytes: int
+    ended: bool  # the daemon has the client's `end`: do not send it again
+    gap_ms: int
+    replayed: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Partial(ServerMessage):
+    TYPE: ClassVar[str] = "partial"
+    segment: int
+    rev: int
+    start_ms: int
+    end_ms: int
+    stable: str
+    # What goes between `stable` and `unstable` shown together: " ", or "" where the text has
+    # no space there (Chinese and Japanese, inside a Thai phrase, "我用" + "Python写").
+    separator: str
+    unstable: str
+    language: str | None = None  # spoken (detected with ?language=auto)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Final(ServerMessage):
+    TYPE: ClassVar[str] = "final"
+    segment: int
+    start_ms: int
+    end_ms: int
+    text: str
+    language: str | None = None  # spoken (detected with ?language=auto)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeechStarted(ServerMessage):
+    TYPE: ClassVar[str] = "speech_started"
+    start_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeechStopped(ServerMessage):
+    TYPE: ClassVar[str] = "speech_stopped"
+    end_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Done(ServerMessage):
+    TYPE: ClassVar[str] = "done"
+    audio_ms: int
+    segments: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Error(ServerMessage):
+    TYPE: ClassVar[str] = "error"
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SourceStatus(ServerMessage):
+    """A daemon-captured source's state, sent to its viewers on join and on every change.
+    `run` names this run of the source (new at each start of the daemon or of its worker):
+    its segments are numbered from 0 again, so a viewer's `since` holds within one run."""
+
+    TYPE: ClassVar[str] = "source"
+    name: str
+    run: str
+    state: str  # "capturing" | "waiting_for_device" | "stopped"
+    message: str

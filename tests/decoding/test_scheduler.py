@@ -1,0 +1,179 @@
+"""InferenceScheduler: which requests make a batch, and when the engine thread wakes for them;
+drive_session: which decodes a stream's pump asks for, sends and withdraws."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import sys
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from captiond.config import SchedulerConfig
+from captiond.decoding import scheduler as scheduler_module
+from captiond.decoding.scheduler import ENGINE_SWITCH_INTERVAL_S, InferenceScheduler
+from captiond.engines.base import DecodeKind, EngineRequest, EngineResult
+from captiond.engines.fake import FakeEngine
+from captiond.errors import EngineFailedError
+
+_GUARD_S = 30.0  # a hang guard only: every wait here ends in milliseconds when the code works
+
+
+class _RecordingEngine(FakeEngine):
+    """Records each batch's request kinds; the first batch waits for `release`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[list[DecodeKind]] = []
+        self.busy = threading.Event()
+        self.release = threading.Event()
+
+    def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
+        if not self.batches:
+            self.busy.set()
+            self.release.wait(_GUARD_S)
+        self.batches.append([r.kind for r in requests])
+        return super().transcribe_batch(requests)
+
+
+def _request(kind: DecodeKind) -> EngineRequest:
+    return EngineRequest(audio=np.zeros(1_600, dtype=np.float32), kind=kind, language="en")
+
+
+def test_finals_first_then_partials_in_order_up_to_max_batch() -> None:
+    engine = _RecordingEngine()
+    scheduler = InferenceScheduler(engine, SchedulerConfig(max_batch=4, max_wait_ms=0))
+    scheduler.start()
+    # torch releases the GIL around every operator: the engine thread must get it back soon.
+    assert sys.getswitchinterval() <= ENGINE_SWITCH_INTERVAL_S
+
+    async def run() -> None:
+        first = asyncio.ensure_future(scheduler.submit(_request(DecodeKind.PARTIAL)))
+        assert await asyncio.to_thread(engine.busy.wait, _GUARD_S)
+        # Queued while the engine is busy: the next batches are taken from all of them.
+        kinds = [DecodeKind.PARTIAL] * 3 + [DecodeKind.FINAL] * 3
+        queued = [asyncio.ensure_future(scheduler.submit(_request(k))) for k in kinds]
+        await asyncio.sleep(0)
+        engine.release.set()
+        await asyncio.wait_for(asyncio.gather(first, *queued), _GUARD_S)
+
+    try:
+        asyncio.run(run())
+    finally:
+        scheduler.stop()
+    final, partial = DecodeKind.FINAL, DecodeKind.PARTIAL
+    assert engine.batches == [[partial], [final, final, final, partial], [partial, partial]]
+
+
+def test_stop_leaves_a_wedged_engine_behind(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stop (SIGTERM) does not wait for a batch that never ends: the process would outlive
+    its drain until systemd killed it. It waits `_STOP_WAIT_S` (here 0.2 s) and says so."""
+    monkeypatch.setattr(scheduler_module, "_STOP_WAIT_S", 0.2)
+    engine = _RecordingEngine()
+    scheduler = InferenceScheduler(engine, SchedulerConfig(max_batch=4, max_wait_ms=0))
+    scheduler.start()
+
+    async def wedge() -> None:
+        decode = asyncio.ensure_future(scheduler.submit(_request(DecodeKind.FINAL)))
+        assert await asyncio.to_thread(engine.busy.wait, _GUARD_S)
+        decode.cancel()  # its client is gone; the engine is still in its batch
+
+    asyncio.run(wedge())
+    stopping = threading.Thread(target=scheduler.stop)
+    stopping.start()
+    stopping.join(_GUARD_S)
+    stopped = not stopping.is_alive()
+    engine.release.set()
+    assert stopped, "stop() waited for the wedged batch"
+    assert "did not finish its batch" in caplog.text
+
+
+class _PickyEngine(FakeEngine):
+    """Fails any batch holding a request in Cantonese (a model without `yue`), as torch_graph's
+    prompt builder does for the whole batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batch_sizes: list[int] = []
+
+    def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
+        self.batch_sizes.append(len(requests))
+        if any(r.language == "yue" for r in requests):
+            raise ValueError("the model knows no language 'yue'")
+        return super().transcribe_batch(requests)
+
+
+def test_a_request_the_engine_refuses_fails_only_its_own_stream() -> None:
+    engine = _PickyEngine()
+    scheduler = InferenceScheduler(engine, SchedulerConfig(max_batch=4, max_wait_ms=200))
+    scheduler.start()
+    languages = ["en", "yue", "en", "en"]
+
+    async def run() -> list[EngineResult | BaseException]:
+        decodes = [
+            scheduler.submit(dataclasses.replace(_request(DecodeKind.FINAL), language=language))
+            for language in languages
+        ]
+        return await asyncio.wait_for(asyncio.gather(*decodes, return_exceptions=True), _GUARD_S)
+
+    try:
+        results = asyncio.run(run())
+    finally:
+        scheduler.stop()
+    assert engine.batch_sizes == [4, 1, 1, 1, 1]
+    assert isinstance(results[1], EngineFailedError) and "yue" in str(results[1])
+    assert all(isinstance(results[i], EngineResult) for i in (0, 2, 3))
+
+
+def test_stop_answers_what_is_queued_without_decoding_it() -> None:
+    """After the drain, a stop finishes the batch in progress only: the requests still queued
+    are failed at once, not decoded one batch after another (up to `_STOP_WAIT_S`)."""
+    engine = _RecordingEngine()
+    scheduler = InferenceScheduler(engine, SchedulerConfig(max_batch=1, max_wait_ms=0))
+    scheduler.start()
+
+    async def run() -> list[EngineResult | BaseException]:
+        decodes = [
+            asyncio.ensure_future(scheduler.submit(_request(DecodeKind.FINAL))) for _ in range(4)
+        ]
+        assert await asyncio.to_thread(engine.busy.wait, _GUARD_S)
+        stopping = asyncio.ensure_future(asyncio.to_thread(scheduler.stop))
+        await asyncio.sleep(0.1)  # stop() has marked the scheduler stopping
+        engine.release.set()
+        await stopping
+        return await asyncio.wait_for(asyncio.gather(*decodes, return_exceptions=True), _GUARD_S)
+
+    results = asyncio.run(run())
+    assert len(engine.batches) == 1
+    assert isinstance(results[0], EngineResult)
+    assert all(isinstance(r, EngineFailedError) for r in results[1:])
+
+
+def test_a_full_batch_goes_at_once_however_long_max_wait_is() -> None:
+    """The engine thread waits up to max_wait_ms for a batch to fill, and the request that
+    fills it wakes the thread: it is not woken for every request, so the one that completes
+    the batch must be."""
+    engine = _RecordingEngine()
+    engine.release.set()
+    scheduler = InferenceScheduler(engine, SchedulerConfig(max_batch=4, max_wait_ms=3_600_000))
+    scheduler.start()
+
+    async def run() -> list[EngineResult]:
+        first = asyncio.ensure_future(scheduler.submit(_request(DecodeKind.PARTIAL)))
+        await asyncio.sleep(0.2)  # the engine thread wakes for it and waits for three more
+        rest = [scheduler.submit(_request(DecodeKind.PARTIAL)) for _ in range(3)]
+        return await asyncio.wait_for(asyncio.gather(first, *rest), _GUARD_S)
+
+    try:
+        assert len(asyncio.run(run())) == 4
+    finally:
+        scheduler.stop()
+    assert engine.batches == [[DecodeKind.PARTIAL] * 4]
+
+
+# -- drive_session ----------------------------------------------------------------------------
