@@ -37,6 +37,7 @@ from daemon_harness import (
     ready,
     running_daemon,
     stream_pcm,
+    timed_words,
     tone_bursts,
     url,
 )
@@ -111,8 +112,9 @@ def chunks(pcm: np.ndarray, samples: int = 1600, pause_s: float = 0.0) -> Iterat
 
 def check_turns(turns: list[TurnEvent], format_turns: bool) -> None:
     """AssemblyAI's Turn semantics: turn_order counts up from 0, one turn at a time; within a
-    turn the transcript only grows, a final word never changes (text or times), and the turn
-    ends once (plus its formatted copy when asked); nothing of a turn comes after that."""
+    turn the transcript only grows, a final word never changes (its text; nor its interpolated
+    times until the end of the turn, which gives the measured ones), and the turn ends once
+    (plus its formatted copy when asked); nothing of a turn comes after that."""
     orders = [t.turn_order for t in turns]
     assert orders == sorted(orders) and sorted(set(orders)) == list(range(len(set(orders))))
     for order in set(orders):
@@ -126,9 +128,12 @@ def check_turns(turns: list[TurnEvent], format_turns: bool) -> None:
         for t in unformatted:
             assert t.transcript == " ".join(w.text for w in t.words if w.word_is_final)
             assert t.transcript == t.transcript.lower(), "unformatted text is lower case"
-        for before, after in pairwise(unformatted):
+        for before, after in pairwise(interims):
             final = [w for w in before.words if w.word_is_final]
             assert after.words[: len(final)] == final, "a final word changed"
+        if interims and ends[0].words:
+            final = [w.text for w in interims[-1].words if w.word_is_final]
+            assert [w.text for w in ends[0].words[: len(final)]] == final, "a final word changed"
         assert all(w.word_is_final for end in ends for w in end.words)
         for t in of_turn:
             assert all(a.end <= b.start for a, b in pairwise(t.words))
@@ -344,10 +349,18 @@ def test_whisper_text_becomes_unformatted_turns_and_one_formatted_final() -> Non
         ("it's", False),
     ]
     assert [(w["start"], w["end"]) for w in interim["words"]] == [(0, 300), (300, 600), (600, 900)]
-    final = Final(segment=0, start_ms=0, end_ms=1500, text="Hello, world! It's 1961 — now.")
+    text = "Hello, world! It's 1961 — now."
+    final = Final(segment=0, start_ms=0, end_ms=1500, text=text, words=timed_words(text, 0))
     end, formatted = map(json.loads, dialect.render(final))
     assert end["transcript"] == end["utterance"] == "hello world it's 1961 now"
-    assert end["words"][0] == interim["words"][0], "a final word keeps its times"
+    # The end of the turn gives each word its measured times and confidence: the interim's
+    # were interpolated (confidence 0.0); a word the decode did not write gets 0.0.
+    assert [(w["text"], w["start"], w["end"], w["confidence"]) for w in end["words"]][:3] == [
+        ("hello", 0, 200, 0.8),
+        ("world", 300, 300, 0.0),
+        ("it's", 600, 800, 0.8),
+    ]
+    assert all(w["confidence"] == 0.0 for w in interim["words"])
     assert (end["turn_is_formatted"], formatted["turn_is_formatted"]) == (False, True)
     assert formatted["transcript"] == final.text
     assert [w["text"] for w in formatted["words"]][-2:] == ["—", "now."]
@@ -373,7 +386,8 @@ def test_the_words_of_a_chinese_turn_are_its_characters() -> None:
         *(("我", True), ("用", True), ("python", True)),
         *(("写", False), ("代", False), ("码", False)),
     ]
-    final = Final(segment=0, start_ms=0, end_ms=900, text="我用Python写代码。")
+    text = "我用Python写代码。"
+    final = Final(segment=0, start_ms=0, end_ms=900, text=text, words=timed_words(text, 0))
     end, formatted = map(json.loads, dialect.render(final))
     assert end["transcript"] == end["utterance"] == "我用python写代码"
     assert [w["text"] for w in end["words"]] == ["我", "用", "python", "写", "代", "码"]

@@ -17,6 +17,7 @@ import time
 import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -31,6 +32,7 @@ from daemon_harness import (
     ready,
     running_daemon,
     stream_pcm,
+    timed_words,
     tone_bursts,
     url,
 )
@@ -243,7 +245,8 @@ def test_keyterm_is_the_native_streams_prompt(speech_dir: Path, tiny_en: Engine)
 def test_interim_results_vad_events_and_utterance_end() -> None:
     """Paced audio with every event asked for: interim Results (is_final false) before each
     segment's one final (is_final and speech_final: a VAD endpoint), SpeechStarted before them,
-    UtteranceEnd after, Metadata last; words divide each segment evenly."""
+    UtteranceEnd after, Metadata last; a final's words carry the engine's times (the fake's
+    words are 250 ms each, by construction), interim results none."""
     pcm = tone_bursts([2.0, 1.5])
     options = {**LINEAR16, "interim_results": True, "vad_events": True, "utterance_end_ms": 1000}
     script = Script(pcm.tobytes(), chunk_bytes=3200, pause_s=0.02)
@@ -266,12 +269,18 @@ def test_interim_results_vad_events_and_utterance_end() -> None:
         assert started and started[-1].timestamp == final.start
         end = run.messages[at + 1]
         assert isinstance(end, ListenV1UtteranceEnd)
-        assert end.last_word_end == round(final.start + final.duration, 3)
         words = final.channel.alternatives[0].words
         assert " ".join(w.word for w in words) == final.channel.alternatives[0].transcript
-        assert words[0].start == final.start and words[-1].end == end.last_word_end
-        spans = [round(w.end - w.start, 3) for w in words]
-        assert max(spans) - min(spans) <= 0.002  # interpolated: equal shares of the segment
+        assert words[-1].end == end.last_word_end <= round(final.start + final.duration, 3)
+        assert final.start <= words[0].start
+        assert all(a.end <= b.start for a, b in pairwise(words))
+        # Measured, not spread: the fake's words are 250 ms with confidence 1.0. A stable word
+        # the final's decode did not write (the fake drops one after its context) has no time
+        # of its own (zero length, confidence 0.0), and a word past the segment's end is cut
+        # at it (zero length).
+        spans = {(round(w.end - w.start, 3), w.confidence) for w in words}
+        assert (0.25, 1.0) in spans and spans <= {(0.25, 1.0), (0.0, 0.0), (0.0, 1.0)}
+    assert all(not m.channel.alternatives[0].words for m in interims)  # partials: not aligned
     metadata = run.messages[-1]
     assert metadata.duration == pytest.approx(len(pcm) / RATE)
     assert metadata.channels == 1 and metadata.sha256 == hashlib.sha256(pcm.tobytes()).hexdigest()
@@ -525,7 +534,8 @@ def render_final(query: dict[str, str], text: str) -> dict[str, Any]:
         Query(urlencode({**query, "encoding": "linear16", "sample_rate": 16000}))
     )
     dialect.render(ready())
-    (frame,) = dialect.render(Final(segment=0, start_ms=1000, end_ms=3000, text=text))
+    final = Final(segment=0, start_ms=1000, end_ms=3000, text=text, words=timed_words(text, 1000))
+    (frame,) = dialect.render(final)
     result: dict[str, Any] = ListenV1Results.model_validate_json(frame).model_dump()
     return result
 
@@ -540,7 +550,14 @@ def test_language_multi_names_the_language_detected(
     dialect = DeepgramDialect(Query(urlencode({**LINEAR16, "language": language})))
     params = dialect.stream_params("en")
     (frame,) = dialect.render(
-        Final(segment=0, start_ms=0, end_ms=900, text="Guten Tag.", language="de")
+        Final(
+            segment=0,
+            start_ms=0,
+            end_ms=900,
+            text="Guten Tag.",
+            language="de",
+            words=timed_words("Guten Tag.", 0),
+        )
     )
     alternative = ListenV1Results.model_validate_json(frame).channel.alternatives[0]
     if detected_among is not None:
@@ -552,14 +569,15 @@ def test_language_multi_names_the_language_detected(
         assert {w.language for w in alternative.words} == {None}
 
 
-def test_words_without_punctuate_are_plain_and_their_times_interpolated() -> None:
+def test_words_without_punctuate_are_plain_and_carry_the_finals_times() -> None:
     plain = render_final({}, " Hello, world! Don't.")["channel"]["alternatives"][0]
     assert plain["transcript"] == "hello world don't"
-    assert [(w["word"], w["start"], w["end"]) for w in plain["words"]] == [
-        ("hello", 1.0, 1.667),
-        ("world", 1.667, 2.333),
-        ("don't", 2.333, 3.0),
+    assert [(w["word"], w["start"], w["end"], w["confidence"]) for w in plain["words"]] == [
+        ("hello", 1.0, 1.2, 0.8),
+        ("world", 1.3, 1.3, 0.0),  # a word the decode did not write: no confidence to give
+        ("don't", 1.6, 1.8, 0.8),
     ]
+    assert plain["confidence"] == 0.8  # the mean of the words that have one
     assert all(w["punctuated_word"] is None for w in plain["words"])
     written = render_final({"punctuate": "true"}, " Hello, world! Don't.")
     alternative = written["channel"]["alternatives"][0]

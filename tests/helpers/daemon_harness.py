@@ -25,9 +25,10 @@ from captiond.config import Config
 from captiond.decoding.scheduler import InferenceScheduler
 from captiond.engines.base import Engine, EngineRequest, EngineResult
 from captiond.engines.fake import FakeEngine
+from captiond.lang.text import units
 from captiond.server.daemon import Daemon
 from captiond.sources.daemon import AudioInput, microphone
-from captiond.streaming.events import Ready
+from captiond.streaming.events import Ready, Word
 from captiond.streaming.vad import Vad, levels_dbfs
 from captiond.workers.pool import WorkerPool
 
@@ -71,6 +72,21 @@ def tone_bursts(bursts_s: list[float], gap_s: float = 1.0) -> np.ndarray:
         t = np.arange(int(dur * RATE)) / RATE
         parts += [0.3 * np.sin(2 * np.pi * 220 * t), np.zeros(int(gap_s * RATE))]
     return (np.concatenate(parts) * 32767).astype("<i2")
+
+
+def timed_words(text: str, start_ms: int) -> tuple[Word, ...]:
+    """A final's words as the session gives them, for the dialects' own tests: each unit of
+    `text` 300 ms after the last and 200 ms long, confidence 0.8, except the second, which the
+    decode did not write (zero length, confidence None: streaming/words.py)."""
+    words = []
+    for i, unit in enumerate(units(text)):
+        start = start_ms + 300 * i
+        missing = i == 1
+        end = start if missing else start + 200
+        words.append(
+            Word(word=unit, start_ms=start, end_ms=end, confidence=None if missing else 0.8)
+        )
+    return tuple(words)
 
 
 def ready(**fields: Any) -> Ready:

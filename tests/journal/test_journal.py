@@ -23,13 +23,18 @@ from captiond.journal import reader as journal_read
 from captiond.journal import writer as journal_module
 from captiond.journal.reader import find_session, list_sessions, read_session
 from captiond.journal.writer import Journal, JournalError, SessionJournal, open_journal
-from captiond.streaming.events import Final
+from captiond.streaming.events import Final, Word
 
 _DAY_S = 86_400
 
 
 def _final(segment: int, text: str = "hello world") -> Final:
-    return Final(segment=segment, start_ms=1000 * segment, end_ms=1000 * segment + 800, text=text)
+    start_ms = 1000 * segment
+    words = tuple(
+        Word(word=w, start_ms=start_ms + 400 * i, end_ms=start_ms + 400 * i + 300, confidence=0.9)
+        for i, w in enumerate(text.split())
+    )
+    return Final(segment=segment, start_ms=start_ms, end_ms=start_ms + 800, text=text, words=words)
 
 
 def _open(journal: Journal, session: str = "abc123def456") -> SessionJournal:
@@ -96,6 +101,8 @@ def test_round_trip(journal: Journal, journal_dir: Path) -> None:
     assert session.audio_ms == 2500 and session.files == (path,)
     assert [f.text for f in session.finals] == ["grüß dich", "hello world"]
     assert session.finals[1].start_ms == 1000 and session.finals[1].end_ms == 1800
+    # Words come back as they were written (resume replays them, `journal show` prints them).
+    assert session.finals[1].words == _final(1).words and len(session.finals[1].words) == 2
 
 
 def test_private_file_and_dir_modes(journal: Journal, journal_dir: Path) -> None:

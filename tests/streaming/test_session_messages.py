@@ -61,6 +61,7 @@ def test_full_flow_two_segments_then_done() -> None:
         final = next(f for f in finals if f.segment == seg)
         assert messages.index(stop) < messages.index(final)
         assert final.start_ms == start.start_ms
+        assert all(final.start_ms <= w.start_ms <= w.end_ms <= final.end_ms for w in final.words)
         assert final.end_ms == stop.end_ms
         assert start.start_ms < stop.end_ms
     # Utterances are where the tone is (pre-roll before, endpoint silence after).

@@ -17,10 +17,15 @@ except the formatted copy when `format_turns` is on. Whisper's text is already p
 cased, so `turn_is_formatted` is true exactly when the text is Whisper's as decoded (the
 formatted copy); every other Turn carries an unformatted form derived from it: each word
 lower-cased with its leading and trailing punctuation removed (numerals stay as Whisper wrote
-them). Word `start`/`end` are not measured: captiond has no word timestamps, so each word's
-times are interpolated evenly over the part of the segment not yet taken by earlier words, and
-kept once the word is final. `confidence` (every word) is 1.0 and `end_of_turn_confidence` is
-1.0 on a final and 0.0 otherwise: placeholders the SDK requires, not model scores.
+them). A final Turn's words carry their measured `start`, `end` (ms) and `confidence` (Whisper's
+alignment heads and token probabilities, streaming/words.py). A partial is not aligned (that would
+cost every decode an alignment pass), but the SDK's Word requires times and a confidence, so an
+interim Turn's word times are interpolated, not measured: spread evenly over the part of the
+segment not yet taken by earlier words, and kept once the word is final (word_is_final: they do
+not change in later interim Turns), with confidence 0.0. The end-of-turn Turn replaces them with
+the measured ones (its text is the same). An engine without word timings (torch_graph, for
+now) gives end-of-turn Turns their transcript and no words. `end_of_turn_confidence` is 1.0 on a
+final and 0.0 otherwise: the daemon's endpoint decides, it is not a model's score.
 
 `keyterms_prompt` (in the query or an `UpdateConfiguration`; `[]` clears it) becomes the stream's
 prompt: the terms, comma-separated, which Whisper reads before every decode's previous text.
@@ -87,8 +92,9 @@ _ENGLISH = "universal-streaming-english"
 @dataclass(frozen=True, slots=True)
 class _Word:
     text: str  # as Whisper wrote it (formatted)
-    start_ms: int  # interpolated, never measured
+    start_ms: int
     end_ms: int
+    confidence: float
 
 
 @dataclass(slots=True)
@@ -96,7 +102,7 @@ class _Turn:
     """A segment whose final has not come yet (mutable state of this connection)."""
 
     start_ms: int
-    final_words: list[_Word] = field(default_factory=list)  # their times never change
+    final_words: list[_Word] = field(default_factory=list)  # interpolated; kept once final
 
 
 class AssemblyAIDialect:
@@ -206,24 +212,33 @@ class AssemblyAIDialect:
         return CLOSE_CODES.get(error.code, CLOSE_SERVER_ERROR), error.code
 
     def _render_partial(self, message: Partial) -> str:
-        turn = self._turns.setdefault(message.segment, _Turn(start_ms=message.start_ms))
         # Units, not space-separated words: each character of a Chinese or Japanese sentence
-        # is a word here (lang/text.py).
+        # is a word here (lang/text.py). A partial is not aligned: its words' times are
+        # interpolated (the module's docstring), the final's are measured.
+        turn = self._turns.setdefault(message.segment, _Turn(start_ms=message.start_ms))
         stable = units(message.stable)
-        words = _timed(turn, [*stable, *units(message.unstable)], message.end_ms)
+        words = _interpolated(turn, [*stable, *units(message.unstable)], message.end_ms)
         turn.final_words = words[: len(stable)]
         language = message.language if self._language_detection else None
         return self._turn(message.segment, words, len(stable), end=False, language=language)
 
     def _render_final(self, message: Final) -> list[str]:
-        turn = self._turns.pop(message.segment, None) or _Turn(start_ms=message.start_ms)
-        words = _timed(turn, units(message.text), message.end_ms)
+        # Measured (streaming/words.py); None: a word the final kept from its partials that its
+        # decode did not write, given 0.0.
+        self._turns.pop(message.segment, None)
+        words = [
+            _Word(w.word, w.start_ms, w.end_ms, 0.0 if w.confidence is None else w.confidence)
+            for w in message.words
+        ]
         language = message.language if self._language_detection else None
         order, n_final = message.segment, len(words)
-        turns = [self._turn(order, words, n_final, end=True, language=language)]
+        text = units(message.text)
+        turns = [self._turn(order, words, n_final, end=True, language=language, text=text)]
         if self._format_turns:
             turns.append(
-                self._turn(order, words, n_final, end=True, language=language, formatted=True)
+                self._turn(
+                    order, words, n_final, end=True, language=language, text=text, formatted=True
+                )
             )
         return turns
 
@@ -235,16 +250,22 @@ class AssemblyAIDialect:
         *,
         end: bool,
         language: str | None,
+        text: list[str] | None = None,
         formatted: bool = False,
     ) -> str:
         """One Turn: the first `n_final` words are final; `language` is the detected one (only
-        with `language_detection`)."""
+        with `language_detection`). `text`: the final's units, its transcript (its words may be
+        fewer: none from an engine without word timings); else the final words make it."""
         shown = [
             (w.text if formatted else plain_unit(w.text), w, i < n_final)
             for i, w in enumerate(words)
         ]
         shown = [item for item in shown if item[0]]  # a word of punctuation alone is dropped
-        transcript = join_units([text for text, _, final in shown if final])
+        if text is None:
+            transcript = join_units([shown_text for shown_text, _, final in shown if final])
+        else:
+            said = text if formatted else [plain_unit(unit) for unit in text]
+            transcript = join_units([unit for unit in said if unit])
         return _dumps(
             {
                 "type": "Turn",
@@ -258,7 +279,7 @@ class AssemblyAIDialect:
                         "start": w.start_ms,
                         "end": w.end_ms,
                         "text": text,
-                        "confidence": 1.0,
+                        "confidence": round(w.confidence, 4),
                         "word_is_final": final,
                     }
                     for text, w, final in shown
@@ -269,10 +290,10 @@ class AssemblyAIDialect:
         )
 
 
-def _timed(turn: _Turn, texts: list[str], end_ms: int) -> list[_Word]:
-    """The turn's final words as they were timed, then the others spread evenly up to `end_ms`
-    (the stable words are a prefix of every later partial and of the final; a word that
-    somehow differs is timed afresh rather than trusted)."""
+def _interpolated(turn: _Turn, texts: list[str], end_ms: int) -> list[_Word]:
+    """An interim Turn's words: the turn's final words as they were given, then the others
+    spread evenly up to `end_ms`, confidence 0.0 (the stable words are a prefix of every later
+    partial; a word that somehow differs is given times afresh rather than trusted)."""
     kept = 0
     while (
         kept < min(len(texts), len(turn.final_words)) and turn.final_words[kept].text == texts[kept]
@@ -286,6 +307,7 @@ def _timed(turn: _Turn, texts: list[str], end_ms: int) -> list[_Word]:
             text=text,
             start_ms=start_ms + span_ms * i // len(rest),
             end_ms=start_ms + span_ms * (i + 1) // len(rest),
+            confidence=0.0,
         )
         for i, text in enumerate(rest)
     ]

@@ -22,10 +22,12 @@ at the `Finalize`; and for one cut at `[stream] max_utterance_s` while the speak
 `speech_stopped` came): `speech_final: false`, no `UtteranceEnd`, no new `SpeechStarted`.
 Times are seconds of stream audio.
 
-Not measured, and not presented as measured: captiond has no word timestamps or confidences.
-Word `start`/`end` divide the segment evenly (it includes pre-roll and trailing silence);
-`confidence` is 1.0 (0.0 for an empty transcript); `UtteranceEnd.last_word_end` is the segment's
-end. Endpointing is the daemon's (`[vad] endpoint_silence_ms`) whatever `endpointing` or
+Words: a final's carry their measured `start`, `end` and `confidence` (Whisper's alignment heads
+and token probabilities, streaming/words.py); the alternative's `confidence` is the mean of its
+words'; `UtteranceEnd.last_word_end` is the last word's end. Interim results carry no words
+(partials are not aligned) and `confidence` 0.0; so does a final word the decode did not write
+(kept from its partials), and an engine without word timings (torch_graph, for now) gives finals no
+words. Endpointing is the daemon's (`[vad] endpoint_silence_ms`) whatever `endpointing` or
 `utterance_end_ms` say. The idle timeout counts audio only: a stream that sends only `KeepAlive`
 for `[server] idle_timeout_s` is closed (1011, `NET-0001`) where Deepgram would keep it.
 `Configure` with `keyterms` replaces the key terms from the next decode on (`[]` clears them) and
@@ -325,7 +327,8 @@ class DeepgramDialect:
             ]
             if opts.utterance_end and message.text.strip() and paused and not forced:
                 end = {"type": "UtteranceEnd", "channel": [0, 1]}
-                frames.append(_json({**end, "last_word_end": _seconds(message.end_ms)}))
+                last_ms = message.words[-1].end_ms if message.words else message.end_ms
+                frames.append(_json({**end, "last_word_end": _seconds(last_ms)}))
             return frames
         elif isinstance(message, Done):
             return [self._metadata(message)]
@@ -370,28 +373,32 @@ class DeepgramDialect:
         # Units, not space-separated words: a Chinese or Japanese sentence has no spaces, and
         # each of its characters is a word here (lang/text.py).
         tokens = units(text)
-        words = [(plain, token) for token in tokens if (plain := plain_unit(token))]
-        # No word timestamps: the segment is divided evenly (interpolated, not measured).
-        span_ms = (end_ms - start_ms) / max(1, len(words))
-        bounds_ms = [start_ms + span_ms * i for i in range(len(words) + 1)]
+        plain_words = [plain for token in tokens if (plain := plain_unit(token))]
+        # A final's words carry their measured times and confidences (streaming/words.py); an
+        # interim result has none (partials are not aligned), so its `words` is empty.
+        final_words = message.words if isinstance(message, Final) else ()
+        timed = [(plain, w) for w in final_words if (plain := plain_unit(w.word))]
         word_items = [
             {
                 "word": plain,
-                "start": _seconds(bounds_ms[i]),
-                "end": _seconds(bounds_ms[i + 1]),
-                "confidence": 1.0,
-                **({"punctuated_word": token} if punctuate else {}),
+                "start": _seconds(w.start_ms),
+                "end": _seconds(w.end_ms),
+                # None: a word the final kept from its partials that its decode did not write.
+                "confidence": 0.0 if w.confidence is None else round(w.confidence, 4),
+                **({"punctuated_word": w.word} if punctuate else {}),
                 **language,
             }
-            for i, (plain, token) in enumerate(words)
+            for plain, w in timed
         ]
-        transcript = join_units(tokens) if punctuate else join_units([p for p, _ in words])
+        transcript = join_units(tokens) if punctuate else join_units(plain_words)
+        known = [w.confidence for _, w in timed if w.confidence is not None]
         alternative: dict[str, object] = {
             "transcript": transcript,
-            "confidence": 1.0 if words else 0.0,
+            # The mean of its words' (Deepgram's is the transcript's); 0.0 without words.
+            "confidence": round(sum(known) / len(known), 4) if known else 0.0,
         }
         if language:
-            alternative["languages"] = [message.language] if words else []
+            alternative["languages"] = [message.language] if plain_words else []
         return _json(
             {
                 "type": "Results",

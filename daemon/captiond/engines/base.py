@@ -73,6 +73,18 @@ class EngineRequest:
     end_sample: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class WordTiming:
+    """One word of a decode: as Whisper wrote it (its leading space included), where it starts
+    and ends in seconds from the start of the request's audio, and its confidence: the mean
+    probability of its tokens (engines/timing.py)."""
+
+    word: str
+    start_s: float
+    end_s: float
+    probability: float
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineResult:
     """The decode of one request after its prefix; scores follow Whisper's definitions."""
@@ -104,6 +116,10 @@ class EngineResult:
     # (torch_graph/decode.py, `LOOP_RUN_TOKENS`): `text` is the start of a loop, which the
     # session drops as Whisper's compression-ratio rule would drop the whole one.
     looped: bool = False
+    # The words of `text` with their times and confidences, from the alignment heads
+    # (engines/timing.py): every final's (a committed caption carries them); none for partials,
+    # which are revisable and most of the decodes, and would pay an alignment pass each.
+    words: tuple[WordTiming, ...] = ()
 
 
 def begins_with_space(written: str) -> bool:

@@ -6,6 +6,7 @@ utterance extend the previous text, as Whisper's would. As Whisper's prefix does
 prefix stands for the first words of its audio: the result holds only the words after it. A
 decode whose audio ends in 250 ms of quiet ends a sentence there, as Whisper's mostly do where a
 speaker stopped: its last word gets a full stop (the session's endpoint reads it: streaming/vad.py).
+A final's words carry their times, which are exact by construction, and confidence 1.0.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from captiond.engines.base import EngineRequest, EngineResult, PhaseTimes
-from captiond.whisper import WHISPER_LANGUAGES
+from captiond.engines.base import DecodeKind, EngineRequest, EngineResult, PhaseTimes, WordTiming
+from captiond.whisper import SAMPLE_RATE_HZ, WHISPER_LANGUAGES
 
 WORD_SAMPLES = 4_000
+WORD_S = WORD_SAMPLES / SAMPLE_RATE_HZ
 _LOUD_POWER = 10 ** (-50 / 10)  # mean square of -50 dBFS
 
 
@@ -74,14 +76,30 @@ class FakeEngine:
         # One pass with no temporary array (einsum: half the time of mean(square)): capacity
         # benches measure the daemon, not this engine. Mean square against -50 dBFS squared.
         loud = np.einsum("ij,ij->i", chunks, chunks) / WORD_SAMPLES > _LOUD_POWER
-        words = [f"w{i}" for i in np.flatnonzero(loud)]
-        new = words[len(request.prefix.split()) :]
+        at = np.flatnonzero(loud)[len(request.prefix.split()) :]
+        new = [f"w{i}" for i in at]
         tail = request.audio[-WORD_SAMPLES:]  # the last 250 ms: quiet where a speaker stopped
         quiet = float(np.dot(tail, tail)) / WORD_SAMPLES <= _LOUD_POWER
         stopped = len(tail) == WORD_SAMPLES and quiet
+        text = " ".join(new) + ("." if new and stopped else "")
+        # A final's words are where they are by construction: word N is the N-th 250 ms.
+        timings = (
+            tuple(
+                WordTiming(
+                    word=f" {word}",
+                    start_s=i * WORD_S,
+                    end_s=(i + 1) * WORD_S,
+                    probability=1.0,
+                )
+                for word, i in zip(text.split(), at, strict=True)
+            )
+            if request.kind is DecodeKind.FINAL
+            else ()
+        )
         return EngineResult(
-            text=" ".join(new) + ("." if new and stopped else ""),
+            text=text,
             avg_logprob=-0.1,
             no_speech_prob=0.01,
             language=request.language or "en",  # English-only, as tiny.en
+            words=timings,
         )

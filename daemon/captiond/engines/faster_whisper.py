@@ -25,6 +25,7 @@ from captiond.engines.base import (
     EngineRequest,
     EngineResult,
     PhaseTimes,
+    WordTiming,
     begins_with_space,
 )
 from captiond.engines.models import model_display_name
@@ -40,12 +41,17 @@ from captiond.engines.rules import (
     unit_probabilities,
     window_frames,
 )
+from captiond.engines.timing import words_of
 from captiond.errors import ConfigError
 from captiond.lang.chinese import written
-from captiond.whisper import MAX_LENGTH, N_FRAMES, SAMPLE_RATE_HZ, WHISPER_LANGUAGES
+from captiond.whisper import HOP_SAMPLES, MAX_LENGTH, N_FRAMES, SAMPLE_RATE_HZ, WHISPER_LANGUAGES
 
 if TYPE_CHECKING:  # faster-whisper is imported where a model is loaded
     from faster_whisper.transcribe import Segment
+
+
+# faster-whisper's default (find_alignment's median_filter_width).
+_MEDIAN_FILTER_WIDTH = 7
 
 
 class FasterWhisperEngine:
@@ -233,8 +239,18 @@ class FasterWhisperEngine:
                     suppress_blank=True,
                     suppress_tokens=get_suppressed_tokens(tokenizers[idx[0]], [-1]),
                 )
+            words: dict[int, tuple[WordTiming, ...]] = {}
+            if any(requests[i].kind is DecodeKind.FINAL for i in idx):
+                with phase("align"):
+                    words = self._align(
+                        encoded,
+                        features,
+                        [(requests[i], tokenizers[i], planned[i][1]) for i in idx],
+                        [list(out.sequences_ids[0]) for out in generated],
+                        frames,
+                    )
             with phase("results"):
-                for i, out in zip(idx, generated, strict=True):
+                for k, (i, out) in enumerate(zip(idx, generated, strict=True)):
                     partial = requests[i].kind is DecodeKind.PARTIAL
                     n_prefix, budget = planned[i][1], limits[i][0]
                     result = self._result(tokenizers[i], out, n_prefix, partial, budget)
@@ -245,8 +261,48 @@ class FasterWhisperEngine:
                         language_probability=choice.probability,
                         switch_language=choice.switch_language,
                         switch_nats=choice.switch_nats,
+                        words=words.get(k, ()),
                     )
         return [results[i] for i in range(len(requests))]
+
+    def _align(
+        self,
+        encoded: Any,
+        features: npt.NDArray[np.float32],
+        rows: Sequence[tuple[EngineRequest, Any, int]],
+        sequences: Sequence[list[int]],
+        frames: int,
+    ) -> dict[int, tuple[WordTiming, ...]]:
+        """The words of each final row of one generate batch, from CTranslate2's `align` (the
+        alignment heads' cross-attention and DTW, as faster-whisper's `word_timestamps`): the
+        whole sequence, forced prefix included, is aligned over the window, and the words are
+        those after the prefix (engines/timing.py). `align` takes one start sequence for its
+        batch: rows in one language share the batch's encoder output, and a batch of several
+        languages (rare: a mixed meeting) aligns each language's rows from their features."""
+        finals = [k for k, (request, _, _) in enumerate(rows) if request.kind is DecodeKind.FINAL]
+        by_start: dict[tuple[int, ...], list[int]] = {}
+        for k in finals:
+            by_start.setdefault(tuple(rows[k][1].sot_sequence), []).append(k)
+        if len(by_start) == 1:  # every row aligned on the batch's own encoder output
+            by_start = {start: list(range(len(rows))) for start in by_start}
+        words: dict[int, tuple[WordTiming, ...]] = {}
+        for start, members in by_start.items():
+            whole = len(members) == len(rows)
+            source = encoded if whole else np.ascontiguousarray(features[members])
+            content = [min(frames, max(1, len(rows[k][0].audio) // HOP_SAMPLES)) for k in members]
+            aligned = self._decoder.align(
+                source,
+                list(start),
+                [sequences[k] for k in members],
+                content,
+                median_filter_width=_MEDIAN_FILTER_WIDTH,
+            )
+            for k, alignment in zip(members, aligned, strict=True):
+                request, tokenizer, n_prefix = rows[k]
+                if request.kind is not DecodeKind.FINAL:
+                    continue
+                words[k] = _words(tokenizer, sequences[k], n_prefix, alignment, request)
+        return words
 
     def _result(
         self, tokenizer: Any, out: Any, n_prefix: int, partial: bool, budget: int
@@ -277,6 +333,35 @@ class FasterWhisperEngine:
             spaced=begins_with_space(written),
             truncated=len(tokens) >= budget,
         )
+
+
+def _words(
+    tokenizer: Any, sequence: list[int], n_prefix: int, alignment: Any, request: EngineRequest
+) -> tuple[WordTiming, ...]:
+    """One aligned row's words: a token starts where the DTW path first reaches it (the
+    path's jumps, as faster-whisper's find_alignment), <|endoftext|>'s start ends the last."""
+    path = np.asarray(alignment.alignments, dtype=np.int64).reshape(-1, 2)
+    if not len(sequence) or not len(path):
+        return ()
+    jumps = np.diff(path[:, 0], prepend=-1).astype(bool)
+    starts = path[jumps, 1]
+    if len(starts) < len(sequence) + 1:
+        return ()  # a path that never reached <|endoftext|>: no times to give
+    eot = tokenizer.eot
+
+    def split(tokens: list[int]) -> tuple[list[str], list[list[int]]]:
+        texts, groups = tokenizer.split_to_word_tokens([*tokens, eot])
+        return list(texts[:-1]), [list(g) for g in groups[:-1]]
+
+    return words_of(
+        sequence,
+        [int(s) for s in starts[: len(sequence)]],
+        int(starts[len(sequence)]),
+        list(alignment.text_token_probs),
+        split,
+        first_token=n_prefix,
+        window_s=len(request.audio) / SAMPLE_RATE_HZ,
+    )
 
 
 def _limits(

@@ -17,7 +17,7 @@ from captiond.lang.chinese import VARIANTS
 from captiond.lang.languages import parse_language
 from captiond.lang.text import join_texts
 from captiond.samples import ms_to_samples
-from captiond.streaming.events import StreamParams
+from captiond.streaming.events import StreamParams, Word
 from captiond.streaming.utterance import StreamOrigin
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ class JournaledFinal:
     text: str
     at: str
     language: str | None = None
+    words: tuple[Word, ...] = ()  # none in a journal written before finals had them
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,7 +111,9 @@ def _session_of(stem: str, parts: list[Path]) -> JournalSession:
     if end is not None and header and records.index(end) < records.index(header):
         end = None  # taken back after a restart and not ended since
     finals = tuple(
-        JournaledFinal(**{k: r[k] for k in _FINAL_KEYS}, language=r.get("language"))
+        JournaledFinal(
+            **{k: r[k] for k in _FINAL_KEYS}, language=r.get("language"), words=_words(r)
+        )
         for r in records
         if r.get("type") == "final" and r.keys() >= _FINAL_KEYS
     )
@@ -178,3 +181,20 @@ def _variant_from(value: object) -> str | None:
     """A journal header's Chinese variant; None (the daemon's) for one this version does not
     know, or a header written before variants were kept."""
     return value if isinstance(value, str) and (value == "" or value in VARIANTS) else None
+
+
+def _words(record: dict[str, Any]) -> tuple[Word, ...]:
+    """A final record's words; a record whose words are not what the writer writes (a file
+    edited by hand) keeps its text and loses only its words."""
+    try:
+        return tuple(
+            Word(
+                word=str(w["word"]),
+                start_ms=int(w["start_ms"]),
+                end_ms=int(w["end_ms"]),
+                confidence=None if w.get("confidence") is None else float(w["confidence"]),
+            )
+            for w in record.get("words", ())
+        )
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return ()

@@ -551,6 +551,7 @@ class Daemon:
                     end_ms=final.end_ms,
                     text=final.text,
                     language=final.language,
+                    words=final.words,
                 )
             )
         return live, round(gap_s * 1000)

@@ -135,6 +135,19 @@ class Partial(ServerMessage):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Word:
+    """One word of a final: a text unit of its `text` (lang.text.units; the units joined give
+    the text back), where it starts and ends on the stream clock, and how sure the model was of
+    it (the mean probability of its tokens; None for a word the final's decode did not write,
+    see streaming/words.py)."""
+
+    word: str
+    start_ms: int
+    end_ms: int
+    confidence: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Final(ServerMessage):
     TYPE: ClassVar[str] = "final"
     segment: int
@@ -142,6 +155,14 @@ class Final(ServerMessage):
     end_ms: int
     text: str
     language: str | None = None  # spoken (detected with ?language=auto)
+    # Its words with their times and confidences (streaming/words.py); empty when the engine
+    # gives no word timings (torch_graph, whose alignment is not built yet) or the text is.
+    words: tuple[Word, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        data = ServerMessage.to_dict(self)
+        data["words"] = list(data["words"])  # a JSON array, as the journal reads it back
+        return data
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

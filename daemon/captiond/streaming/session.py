@@ -34,7 +34,7 @@ from itertools import count
 import numpy as np
 
 from captiond.config import Config
-from captiond.engines.base import DecodeKind, EngineRequest, EngineResult
+from captiond.engines.base import DecodeKind, EngineRequest, EngineResult, WordTiming
 from captiond.errors import BadMessageError
 from captiond.lang.chinese import written
 from captiond.lang.languages import LanguageSetting
@@ -68,6 +68,7 @@ from captiond.streaming.language import SessionLanguage
 from captiond.streaming.stabilize import LocalAgreement, keep_stable
 from captiond.streaming.utterance import DecodeRequest, StreamOrigin, Utterance
 from captiond.streaming.vad import UtteranceEnd, UtteranceStart, Vad, VadEvent, VadSegmenter
+from captiond.streaming.words import final_words
 from captiond.whisper import SAMPLE_RATE_HZ
 
 # Audio kept behind the stream's end while no utterance is open: the segmenter may open one
@@ -119,6 +120,8 @@ class StreamSession:
             Resampler(params.sample_rate_hz) if params.sample_rate_hz != SAMPLE_RATE_HZ else None
         )
         self._buffer = AudioBuffer(origin.start_sample)
+        # The latest final's end: the next final's words start no earlier (streaming/words.py).
+        self._final_end_ms = samples_to_ms(origin.start_sample)
         self._framer = Framer()
         self._segmenter = VadSegmenter(vad, config.vad, config.stream, origin.start_sample)
         # An early final says whether a pause ended a sentence (_take_final).
@@ -567,30 +570,47 @@ class StreamSession:
         wanted_end = self._segmenter.pause_sample if early else utt.decode_end_sample
         if request.end_sample != wanted_end or ask_again_alone(utt, request, text, result):
             return
+        timings = result.words if text else ()
         if early:
-            utt.early = (request, text)
+            utt.early = (request, text, timings)
             # Words that end a sentence (or no words: nothing to go on with) let the pause end
             # the utterance at the endpoint; others wait for the longer one (VadConfig).
             if ends_sentence(text) or not has_word(text):
                 self._handle_vad(self._segmenter.sentence_ended(request.end_sample))
                 self._finish_answered()  # ended by this: its final is this decode's
         else:
-            self._finish(self._closed.popleft(), request, decoded=text)
+            self._finish(self._closed.popleft(), request, decoded=text, timings=timings)
 
     def _finish_answered(self) -> None:
         """Send the final of each ended utterance whose early final decoded its audio."""
         while self._closed and (early := self._closed[0].early) is not None:
-            request, text = early
+            request, text, timings = early
             if request.end_sample != self._closed[0].decode_end_sample:
                 break
-            self._finish(self._closed.popleft(), request, decoded=text)
+            self._finish(self._closed.popleft(), request, decoded=text, timings=timings)
         self._maybe_done()
 
-    def _finish(self, utt: Utterance, request: DecodeRequest, decoded: str) -> None:
-        """Send the utterance's final: its stable words, then the decode's words after them;
-        the decode's own text is what later decodes continue from."""
+    def _finish(
+        self,
+        utt: Utterance,
+        request: DecodeRequest,
+        decoded: str,
+        timings: Sequence[WordTiming] = (),
+    ) -> None:
+        """Send the utterance's final: its stable words, then the decode's words after them,
+        each with its time and confidence from the decode's `timings` (streaming/words.py); the
+        decode's own text is what later decodes continue from."""
         assert utt.end_sample is not None
         text = keep_stable(request.stable_words, decoded, request.following_words)
+        start_ms, words = final_words(
+            text,
+            timings,
+            window_start_sample=request.end_sample - len(request.engine_request.audio),
+            floor_ms=self._final_end_ms,
+            start_ms=samples_to_ms(request.start_sample),
+            end_ms=samples_to_ms(utt.end_sample),
+        )
+        end_ms = samples_to_ms(utt.end_sample)
         # An utterance that showed nothing and decoded to nothing leaves no trace; one that
         # showed partials always gets its one final, possibly empty, so clients clear it, and
         # so does one a finalize ended, so the client has its answer.
@@ -598,12 +618,14 @@ class StreamSession:
             self._outbox.append(
                 Final(
                     segment=self._segment_of(utt),
-                    start_ms=samples_to_ms(request.start_sample),
-                    end_ms=samples_to_ms(utt.end_sample),
+                    start_ms=start_ms,
+                    end_ms=end_ms,
                     text=text,
                     language=utt.language,
+                    words=words,
                 )
             )
+            self._final_end_ms = end_ms
         self._context.commit(
             CommittedFinal(
                 start_sample=request.start_sample, end_sample=request.end_sample, text=decoded

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from captiond.engines.base import DecodeKind, EngineRequest
+from captiond.engines.base import DecodeKind, EngineRequest, WordTiming
 from captiond.streaming.stabilize import LocalAgreement
 
 
@@ -63,8 +63,9 @@ class Utterance:
     partial_end_sample: int = 0  # audio end covered by the latest partial request
     speech_confirmed: bool = False  # a decode of it produced text: the speech gate let it by
     early_end_sample: int = 0  # audio end of the latest early final asked for
-    # An early final's answer, kept until the endpoint: its request and the text decoded.
-    early: tuple[DecodeRequest, str] | None = None
+    # An early final's answer, kept until the endpoint: its request, the text decoded and the
+    # decode's word timings.
+    early: tuple[DecodeRequest, str, tuple[WordTiming, ...]] | None = None
     # Its final is decoded without the conversation's context: with it, it decoded to nothing,
     # repeated the context, or ran out of tokens (filters.ask_again_alone).
     alone: bool = False
