@@ -309,6 +309,14 @@ def test_transcribe_json(
     assert "ask not what your country can do for you" in words
     assert "what you can do for your country" in words
     assert out["segments"] and {"start_ms", "end_ms", "text"} <= set(out["segments"][0])
+    # Every segment's words: in order, inside it, joining to its text, with real confidences.
+    for segment in out["segments"]:
+        said = segment["words"]
+        assert " ".join(w["word"] for w in said) == segment["text"]
+        assert all(
+            segment["start_ms"] <= w["start_ms"] <= w["end_ms"] <= segment["end_ms"] for w in said
+        )
+        assert all(0 < w["confidence"] <= 1 for w in said if w["confidence"] is not None)
 
 
 def test_transcribe_refuses_what_the_bundled_model_cannot_do(
