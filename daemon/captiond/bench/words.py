@@ -34,7 +34,7 @@ from captiond.bench.report import (
 )
 from captiond.config import Config, load_config, override
 from captiond.engines import ENGINE_NAMES, load_engine
-from captiond.engines.faster_whisper import WHOLE_FILE_SETTINGS, whole_file_compute_type
+from captiond.engines.faster_whisper import whole_file_compute_type, whole_file_segments
 from captiond.engines.models import resolve_model
 from captiond.lang.text import plain_unit
 from captiond.sources.audiofile import read_audio_16k_mono
@@ -124,13 +124,15 @@ def captiond_words(finals: Sequence[Final]) -> list[TimedWord]:
 def peer_words(
     model_path: Path, samples: np.ndarray, compute_type: str, language: str | None
 ) -> list[TimedWord]:
-    """faster-whisper's own word timestamps on the whole recording (beam 5, as the accuracy
-    reference decodes: engines.faster_whisper.WHOLE_FILE_SETTINGS)."""
-    from faster_whisper import WhisperModel
-
-    model = WhisperModel(str(model_path), device="cpu", compute_type=compute_type)
-    segments, _ = model.transcribe(
-        samples, language=language, word_timestamps=True, **WHOLE_FILE_SETTINGS
+    """faster-whisper's own word timestamps on the whole recording, decoded as the accuracy
+    reference decodes it (engines.faster_whisper.whole_file_segments)."""
+    segments, _ = whole_file_segments(
+        model_path,
+        samples,
+        device="cpu",
+        compute_type=compute_type,
+        language=language,
+        word_timestamps=True,
     )
     return [
         TimedWord(plain, w.start * 1000, w.end * 1000, w.probability)

@@ -279,7 +279,7 @@ class AssemblyAIDialect:
                         "start": w.start_ms,
                         "end": w.end_ms,
                         "text": text,
-                        "confidence": round(w.confidence, 4),
+                        "confidence": w.confidence,
                         "word_is_final": final,
                     }
                     for text, w, final in shown

@@ -384,7 +384,7 @@ class DeepgramDialect:
                 "start": _seconds(w.start_ms),
                 "end": _seconds(w.end_ms),
                 # None: a word the final kept from its partials that its decode did not write.
-                "confidence": 0.0 if w.confidence is None else round(w.confidence, 4),
+                "confidence": 0.0 if w.confidence is None else w.confidence,
                 **({"punctuated_word": w.word} if punctuate else {}),
                 **language,
             }

@@ -283,7 +283,10 @@ class FasterWhisperEngine:
         by_start: dict[tuple[int, ...], list[int]] = {}
         for k in finals:
             by_start.setdefault(tuple(rows[k][1].sot_sequence), []).append(k)
-        if len(by_start) == 1:  # every row aligned on the batch's own encoder output
+        # One language: every row is aligned on the batch's own encoder output, the partials'
+        # too (their words are dropped below), since `align` takes the whole batch's output and
+        # aligning a partial costs less than encoding the finals' features again.
+        if len(by_start) == 1:
             by_start = {start: list(range(len(rows))) for start in by_start}
         words: dict[int, tuple[WordTiming, ...]] = {}
         for start, members in by_start.items():
@@ -426,10 +429,33 @@ def transcribe_whole_file(
     chinese_variant: str = "",
 ) -> str:
     """The accuracy reference: faster-whisper's own long-form `transcribe` of a whole recording
-    (its 30-s windows, timestamps, previous-text conditioning), beam 5, its temperature
-    fallback, no VAD: what a user gets by running faster-whisper on the recording afterwards.
-    `without_timestamps` decodes text tokens only, as captiond's decodes do; Chinese is
-    written in `chinese_variant`'s script, as captiond writes it (lang/chinese.py)."""
+    (whole_file_segments). `without_timestamps` decodes text tokens only, as captiond's decodes
+    do; Chinese is written in `chinese_variant`'s script, as captiond writes it
+    (lang/chinese.py)."""
+    segments, spoken = whole_file_segments(
+        model_path,
+        audio,
+        device=device,
+        compute_type=compute_type,
+        language=language,
+        without_timestamps=without_timestamps,
+    )
+    return written(segments_text(segments), spoken, chinese_variant)
+
+
+def whole_file_segments(
+    model_path: Path,
+    audio: npt.NDArray[np.float32],
+    *,
+    device: str,
+    compute_type: str,
+    language: str | None,
+    without_timestamps: bool = False,
+    word_timestamps: bool = False,
+) -> tuple[list[Segment], str]:
+    """faster-whisper's `transcribe` of a whole recording as a user runs it afterwards (its
+    30-s windows, timestamps, previous-text conditioning), beam 5, its temperature fallback, no
+    VAD: the segments (with `word_timestamps`, their words) and the language spoken."""
     import ctranslate2
     from faster_whisper import WhisperModel
 
@@ -442,9 +468,10 @@ def transcribe_whole_file(
         audio,
         language=language,
         without_timestamps=without_timestamps,
+        word_timestamps=word_timestamps,
         **WHOLE_FILE_SETTINGS,
     )
-    return written(segments_text(segments), info.language, chinese_variant)
+    return list(segments), info.language
 
 
 def segments_text(segments: Iterable[Segment]) -> str:

@@ -602,15 +602,15 @@ class StreamSession:
         decode's own text is what later decodes continue from."""
         assert utt.end_sample is not None
         text = keep_stable(request.stable_words, decoded, request.following_words)
+        end_ms = samples_to_ms(utt.end_sample)
         start_ms, words = final_words(
             text,
             timings,
             window_start_sample=request.end_sample - len(request.engine_request.audio),
             floor_ms=self._final_end_ms,
             start_ms=samples_to_ms(request.start_sample),
-            end_ms=samples_to_ms(utt.end_sample),
+            end_ms=end_ms,
         )
-        end_ms = samples_to_ms(utt.end_sample)
         # An utterance that showed nothing and decoded to nothing leaves no trace; one that
         # showed partials always gets its one final, possibly empty, so clients clear it, and
         # so does one a finalize ended, so the client has its answer.
