@@ -188,7 +188,8 @@ function streamUrl(m) {
   const params = { sample_rate: "16000", encoding: "pcm_s16le" };
   // /?language=auto (or de, zh-TW, en,de, …) and /?task=translate reach the daemon as they are; the
   // names and terms are the field's (filled from /?prompt=…).
-  for (const key of ["language", "task"]) if (query.get(key)) params[key] = query.get(key);
+  // /?diarize=true (with max_speakers) labels who said what.
+  for (const key of ["language", "task", "diarize", "max_speakers"]) if (query.get(key)) params[key] = query.get(key);
   const prompt = ui.prompt.value.trim();
   if (prompt) params.prompt = prompt;
   if (m.token && Date.now() - m.downAt > m.resumeS * 1000) {

@@ -118,10 +118,23 @@ export class CaptionView {
     return this.translated ? "en" : (spoken ?? null);
   }
 
+  // Names a speaker (a click on their label in transcript mode): every caption shows it.
+  rename(speaker, name) {
+    this.transcript.rename(speaker, name);
+    this.keepScrolled(() => this.renderList());
+    this.renderCaptions();
+  }
+
   renderCaptions() {
     const recent = this.transcript.entries.slice(-CAPTION_FINALS);
     const said = this.captionBox.querySelector(".said");
-    said.textContent = recent.map((entry) => entry.text).reduce(joinText, "");
+    // A diarized caption line says who speaks where the speaker changes: "Dana: …".
+    const texts = recent.map((entry, i) => {
+      const name = this.transcript.nameOf(entry);
+      const changed = name !== null && (i === 0 || recent[i - 1].speaker !== entry.speaker);
+      return changed ? `${name}: ${entry.text}` : entry.text;
+    });
+    said.textContent = texts.reduce(joinText, "");
     said.dir = textDirection(said.textContent);
   }
 
@@ -138,7 +151,27 @@ export class CaptionView {
     text.dir = textDirection(entry.text);
     setLang(text, this.textLanguage(entry.language));
     if (entry.language) time.dataset.lang = entry.language; // the language spoken
-    item.append(time, text);
+    const name = this.transcript.nameOf(entry);
+    if (name === null) {
+      item.append(time, text);
+      return item;
+    }
+    // A diarized caption: its speaker's label, in one of eight colours by speaker number, and
+    // the text share the text column; a click on the label renames the speaker.
+    const label = document.createElement("button");
+    label.type = "button";
+    label.className = "speaker";
+    label.dataset.speaker = String(entry.speaker);
+    label.dataset.colour = String(entry.speaker % 8);
+    label.textContent = name;
+    label.title = "Rename this speaker";
+    label.addEventListener("click", () => {
+      const given = prompt(`Name for ${name}`, name);
+      if (given !== null) this.rename(entry.speaker, given);
+    });
+    const said = document.createElement("span");
+    said.append(label, " ", text);
+    item.append(time, said);
     return item;
   }
 

@@ -4,6 +4,10 @@
 // session's stream clock starts again at 0, so each is placed on one page timeline after the
 // ones before it, which keeps the VTT cue times increasing. Finals are kept by (session,
 // segment): a resumed session's replay repeats finals the page may already hold.
+//
+// A diarized stream's finals name their speaker (a number from 0, per daemon session). The page
+// shows "Speaker 1" for speaker 0 until the reader names them; names are kept with the
+// transcript, so a rename survives a reload, and the exports use them.
 
 const STORE_VERSION = 1;
 
@@ -53,12 +57,18 @@ export function textDirection(text) {
   return 2 * rtl > letters ? "rtl" : "ltr";
 }
 
+// A speaker's name until the reader gives one.
+export function defaultName(speaker) {
+  return `Speaker ${speaker + 1}`;
+}
+
 export class Transcript {
   // `storageKey`: where the transcript survives a reload (null: kept in memory only).
   constructor(storageKey = null) {
     this.storageKey = storageKey;
     this.entries = []; // {start_ms, end_ms, text, language?} on the page timeline, non-empty only
     this.endMs = 0; // where the timeline's last session ended
+    this.names = {}; // speaker number → the name the reader gave
     this.session = null;
     this.load();
   }
@@ -95,6 +105,7 @@ export class Transcript {
     }
     const entry = { start_ms: offsetMs + msg.start_ms, end_ms: offsetMs + msg.end_ms, text };
     if (msg.language) entry.language = msg.language;
+    if (Number.isInteger(msg.speaker)) entry.speaker = msg.speaker;
     this.entries.push(entry);
     this.save();
     return entry;
@@ -117,15 +128,34 @@ export class Transcript {
     this.save();
   }
 
+  // Who said an entry: the reader's name for its speaker, or "Speaker N"; null when the stream
+  // is not diarized.
+  nameOf(entry) {
+    if (entry.speaker === undefined) return null;
+    return this.names[entry.speaker] ?? defaultName(entry.speaker);
+  }
+
+  // Names a speaker ("" gives the default back), everywhere and in the exports.
+  rename(speaker, name) {
+    const trimmed = name.trim();
+    if (trimmed && trimmed !== defaultName(speaker)) this.names[speaker] = trimmed;
+    else delete this.names[speaker];
+    this.save();
+  }
+
   toText() {
-    return this.entries.map((f) => `[${formatClock(f.start_ms)}] ${f.text}\n`).join("");
+    const said = (f) => (this.nameOf(f) === null ? f.text : `${this.nameOf(f)}: ${f.text}`);
+    return this.entries.map((f) => `[${formatClock(f.start_ms)}] ${said(f)}\n`).join("");
   }
 
   toVtt() {
     // Cue text is markup in WebVTT: "&", "<" and ">" must be escaped.
     const escape = (text) => text.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+    // A diarized caption is a voice span: <v Dana>…
+    const voice = (f) => (this.nameOf(f) === null ? "" : `<v ${escape(this.nameOf(f))}>`);
     const cues = this.entries.map(
-      (f, i) => `${i + 1}\n${formatVttTime(f.start_ms)} --> ${formatVttTime(f.end_ms)}\n${escape(f.text)}\n`,
+      (f, i) =>
+        `${i + 1}\n${formatVttTime(f.start_ms)} --> ${formatVttTime(f.end_ms)}\n${voice(f)}${escape(f.text)}\n`,
     );
     return ["WEBVTT\n", ...cues].join("\n");
   }
@@ -137,6 +167,7 @@ export class Transcript {
       if (stored?.version === STORE_VERSION) {
         this.entries = stored.entries;
         this.endMs = stored.endMs;
+        this.names = stored.names ?? {};
       }
     } catch {
       // Unreadable or blocked storage: start empty rather than not at all.
@@ -146,8 +177,8 @@ export class Transcript {
   save() {
     if (!this.storageKey) return;
     try {
-      const { entries, endMs } = this;
-      localStorage.setItem(this.storageKey, JSON.stringify({ version: STORE_VERSION, entries, endMs }));
+      const { entries, endMs, names } = this;
+      localStorage.setItem(this.storageKey, JSON.stringify({ version: STORE_VERSION, entries, endMs, names }));
     } catch {
       // Full or blocked storage: the transcript still lives on the page and in downloads.
     }

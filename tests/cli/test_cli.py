@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import html
 import json
 import os
 import re
@@ -561,3 +562,30 @@ def test_only_binding_errors_are_named_as_the_address() -> None:
         raise PermissionError(errno.EACCES, "x")
     with pytest.raises(OSError, match="Too many open files"), _binding(server):
         raise OSError(errno.EMFILE, "Too many open files")
+
+
+def test_a_diarized_transcript_names_its_speakers_in_every_format(tmp_path: Path) -> None:
+    """WebVTT voice spans, read back with a real parser (webvtt-py); "Speaker N: " in SubRip
+    and plain text; the speaker as received in JSON."""
+    import webvtt
+
+    finals = [
+        {"start_ms": 0, "end_ms": 1_500, "text": "Are you there?", "speaker": 0},
+        {"start_ms": 1_600, "end_ms": 2_900, "text": "Yes, <here>.", "speaker": 1},
+    ]
+    vtt = tmp_path / "t.vtt"
+    vtt.write_text(render_transcript(finals, ".vtt"), encoding="utf-8")
+    cues = webvtt.read(str(vtt))
+    # webvtt-py gives a cue's text as written: its entities unescaped here.
+    assert [(c.voice, html.unescape(c.text)) for c in cues] == [
+        ("Speaker 1", "Are you there?"),
+        ("Speaker 2", "Yes, <here>."),
+    ]
+    assert (
+        render_transcript(finals, ".txt") == "Speaker 1: Are you there?\nSpeaker 2: Yes, <here>.\n"
+    )
+    assert "\nSpeaker 2: Yes, <here>.\n" in render_transcript(finals, ".srt")
+    assert [s["speaker"] for s in json.loads(render_transcript(finals, ".json"))["segments"]] == [
+        0,
+        1,
+    ]

@@ -733,3 +733,61 @@ def test_audio_buffer_keeps_the_newest_and_resends_from_a_byte(browser: str) -> 
     assert (start, end) == (8, 16)
     assert from_10 == [10, 11, 12, 13, 14, 15]
     assert from_0 == list(range(8, 16))
+
+
+def test_the_page_shows_who_spoke_and_a_rename_survives_a_reload(tmp_path: Path) -> None:
+    """`/?diarize=true`: two voices (ToneEmbedder's tones) get two labels in two colours; a
+    speaker renamed ("Speaker 2" → "Dana") is renamed on every caption, in caption mode and in
+    the exports, and still after a reload."""
+    mic = write_capture(
+        np.concatenate(
+            [
+                silence(0.5),
+                tone(1.5, 300),
+                silence(1.2),
+                tone(1.5, 1_200),
+                silence(1.2),
+                tone(1.5, 300),
+                silence(3.0),
+            ]
+        ),
+        tmp_path / "mic.wav",
+    )
+    labels_js = "[...document.querySelectorAll('#transcript .speaker')].map(e => e.textContent)"
+
+    async def scenario() -> tuple[list[str], list[str], str, str, list[str]]:
+        async with running_daemon() as daemon:
+            with launch_chromium(tmp_path / "profile", mic) as browser:
+                async with open_page(browser) as page:
+                    await page.navigate(page_url(daemon, "diarize=true"))
+                    await page.evaluate(click("start"))
+                    await page.wait_for(f"{labels_js}.length >= 3", "three labelled finals", 40)
+                    await page.evaluate(click("stop"))
+                    await page.wait_for("state.dataset.state === 'done'", "done")
+                    labels: list[str] = await page.evaluate(labels_js)
+                    colours: list[str] = await page.evaluate(
+                        "[...document.querySelectorAll('#transcript .speaker')]"
+                        ".map(e => getComputedStyle(e).borderLeftColor)"
+                    )
+                    await page.evaluate(
+                        "window.prompt = () => 'Dana';"
+                        "document.querySelector('#transcript .speaker[data-speaker=\"1\"]').click()"
+                    )
+                    captions: str = await page.evaluate(
+                        "document.querySelector('#caption-box .said').textContent"
+                    )
+                    await page.navigate(page_url(daemon, "diarize=true"))
+                    await page.wait_for(f"{labels_js}.length >= 3", "the stored transcript")
+                    reloaded: list[str] = await page.evaluate(labels_js)
+                    vtt: str = await page.evaluate(
+                        "import('/transcript.js').then(({ Transcript }) =>"
+                        " new Transcript('captiond.transcript').toVtt())"
+                    )
+                    return labels, colours, captions, vtt, reloaded
+
+    labels, colours, captions, vtt, reloaded = asyncio.run(scenario())
+    assert labels[:3] == ["Speaker 1", "Speaker 2", "Speaker 1"]
+    assert colours[0] != colours[1] and colours[0] == colours[2]
+    assert "Dana: " in captions
+    assert reloaded[:3] == ["Speaker 1", "Dana", "Speaker 1"]
+    assert "<v Dana>" in vtt and "<v Speaker 1>" in vtt

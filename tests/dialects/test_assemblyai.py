@@ -554,3 +554,32 @@ def test_keyterms_prompt_is_the_v1_streams_prompt(speech_dir: Path, tiny_en: Eng
     formatted = [t.transcript for t in recorder.of(TurnEvent) if t.turn_is_formatted]
     assert name in " ".join(finals)
     assert [t for t in formatted if t] == finals
+
+
+def test_speaker_labels_name_each_ended_turn_and_its_words() -> None:
+    """`speaker_labels` through the SDK: two voices (ToneEmbedder's tones) are A and B on
+    every ended Turn and each of its words; interim Turns say no speaker; `max_speakers` caps
+    them."""
+    pcm = tone_bursts([1.5, 1.5, 1.5], gap_s=1.2, tones_hz=[300.0, 1_200.0, 300.0])
+
+    def scenario(port: int, **values: Any) -> list[TurnEvent]:
+        client, recorder = sdk(port)
+        client.connect(params(sample_rate=RATE, speaker_labels=True, **values))
+        client.stream(chunks(pcm, pause_s=0.01))
+        client.disconnect(terminate=True)
+        assert not recorder.of(StreamingError)
+        turns: list[TurnEvent] = recorder.of(TurnEvent)
+        return turns
+
+    async def main() -> tuple[list[TurnEvent], list[TurnEvent]]:
+        async with running_daemon(FAST) as d:
+            labelled = await asyncio.wait_for(asyncio.to_thread(scenario, d.port), 60)
+            capped = await asyncio.wait_for(asyncio.to_thread(scenario, d.port, max_speakers=1), 60)
+            return labelled, capped
+
+    labelled, capped = asyncio.run(main())
+    ended = [t for t in labelled if t.end_of_turn and t.transcript]
+    assert [t.speaker_label for t in ended] == ["A", "B", "A"]
+    assert all(w.speaker == t.speaker_label for t in ended for w in t.words)
+    assert all(t.speaker_label is None for t in labelled if not t.end_of_turn)
+    assert {t.speaker_label for t in capped if t.end_of_turn and t.transcript} == {"A"}

@@ -717,3 +717,24 @@ def test_zh_hk_is_cantonese_where_the_model_has_it(
     dialect = DeepgramDialect(Query(urlencode({**LINEAR16, "language": "zh-HK"})))
     params = dialect.stream_params("en", model.check_can)
     assert (params.language, params.chinese_variant) == (decoded, variant)
+
+
+def test_diarize_gives_every_final_word_its_speaker() -> None:
+    """`diarize=true` through the SDK: two voices (ToneEmbedder's tones) are speakers 0 and 1 on
+    every word of their finals; without it, words have no speaker."""
+    pcm = tone_bursts([1.5, 1.5, 1.5], gap_s=1.2, tones_hz=[300.0, 1_200.0, 300.0])
+    options = {**LINEAR16, "punctuate": True}
+
+    def work(port: int) -> tuple[Run, Run]:
+        on = listen(port, Script(pcm.tobytes()), {**options, "diarize": True})
+        off = listen(port, Script(pcm.tobytes()), options)
+        return on, off
+
+    on, off = run_with_daemon(FAST, work)
+    said = [m for m in on.finals if m.channel.alternatives[0].words]
+    assert [{w.speaker for w in m.channel.alternatives[0].words} for m in said] == [
+        {0},
+        {1},
+        {0},
+    ]
+    assert all(w.speaker is None for m in off.finals for w in m.channel.alternatives[0].words or ())

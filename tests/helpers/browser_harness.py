@@ -282,9 +282,10 @@ async def finals_at_least(page: Page, count: int, timeout_s: float = 30) -> list
 # -- the fake microphone: Chromium plays a WAV file in a loop -----------------------------------
 
 
-def tone(seconds: float) -> np.ndarray:
+def tone(seconds: float, hz: float = 220.0) -> np.ndarray:
+    """A loud tone (speech to LoudnessVad and the fake engine; a voice to ToneEmbedder)."""
     t = np.arange(int(seconds * 16_000)) / 16_000
-    return 0.3 * np.sin(2 * np.pi * 220 * t)
+    return 0.3 * np.sin(2 * np.pi * hz * t)
 
 
 def silence(seconds: float) -> np.ndarray:

@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed
 
 from captiond.config import Config
 from captiond.decoding.scheduler import InferenceScheduler
-from captiond.engines.base import Engine, EngineRequest, EngineResult
+from captiond.engines.base import Embedder, Engine, EngineRequest, EngineResult
 from captiond.engines.fake import FakeEngine
 from captiond.lang.text import units
 from captiond.server.daemon import Daemon
@@ -65,13 +65,33 @@ class RecordingEngine(FakeEngine):
         return super().transcribe_batch(requests)
 
 
-def tone_bursts(bursts_s: list[float], gap_s: float = 1.0) -> np.ndarray:
-    """Loud 220 Hz bursts separated by silence, as int16 samples (speech for LoudnessVad)."""
+def tone_bursts(
+    bursts_s: list[float], gap_s: float = 1.0, tones_hz: Sequence[float] = ()
+) -> np.ndarray:
+    """Loud bursts separated by silence, as int16 samples (speech for LoudnessVad): 220 Hz, or
+    each burst at its own frequency of `tones_hz` (two "voices" for ToneEmbedder); a gap of 0
+    runs one voice into the next, as a turn with no pause."""
     parts: list[np.ndarray] = [np.zeros(int(0.5 * RATE))]
-    for dur in bursts_s:
+    for i, dur in enumerate(bursts_s):
         t = np.arange(int(dur * RATE)) / RATE
-        parts += [0.3 * np.sin(2 * np.pi * 220 * t), np.zeros(int(gap_s * RATE))]
+        tone_hz = tones_hz[i] if tones_hz else 220.0
+        parts += [0.3 * np.sin(2 * np.pi * tone_hz * t), np.zeros(int(gap_s * RATE))]
     return (np.concatenate(parts) * 32767).astype("<i2")
+
+
+class ToneEmbedder:
+    """A scripted speaker-embedding model: a window's "voice" is its loudest frequency, in
+    100-Hz bins, so each tone of `tone_bursts` is a speaker of its own (orthogonal vectors)."""
+
+    dims = 64
+
+    def embed(self, windows: Sequence[np.ndarray]) -> np.ndarray:
+        out = np.zeros((len(windows), self.dims), dtype=np.float32)
+        for row, window in enumerate(windows):
+            spectrum = np.abs(np.fft.rfft(window))
+            peak_hz = float(np.argmax(spectrum)) * RATE / max(1, len(window))
+            out[row, min(self.dims - 1, round(peak_hz / 100))] = 1.0
+        return out
 
 
 def timed_words(text: str, start_ms: int) -> tuple[Word, ...]:
@@ -119,9 +139,10 @@ async def running_daemon(
     engine: Engine | None = None,
     vad_factory: Callable[[], Vad] | None = LoudnessVad,
     audio_input: AudioInput = microphone,
+    embedder: Callable[[], Embedder] | None = ToneEmbedder,
 ) -> AsyncIterator[Daemon]:
     config = config or make_config()
-    scheduler = InferenceScheduler(engine or FakeEngine(), config.scheduler)
+    scheduler = InferenceScheduler(engine or FakeEngine(), config.scheduler, embedder=embedder)
     scheduler.start()
     daemon = Daemon(config, scheduler, vad_factory=vad_factory, audio_input=audio_input)
     await daemon.start()
@@ -174,6 +195,24 @@ class Exchange:
 
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [m for m in self.messages if m["type"] == kind]
+
+
+async def recv_until(conn: ClientConnection, kind: str, count: int = 1) -> list[dict[str, Any]]:
+    """Messages up to and including the `count`-th of type `kind`."""
+    seen: list[dict[str, Any]] = []
+    while sum(m["type"] == kind for m in seen) < count:
+        seen.append(json.loads(await asyncio.wait_for(conn.recv(), 10)))
+    return seen
+
+
+def drop(conn: ClientConnection) -> None:
+    """The network went away: no close frame, no `end`."""
+    assert conn.transport is not None
+    conn.transport.abort()
+
+
+def resume_url(base: str, token: str, since: int | None = None) -> str:
+    return f"{base}?resume={token}" + ("" if since is None else f"&since={since}")
 
 
 async def collect(conn: ClientConnection) -> Exchange:

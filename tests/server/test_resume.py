@@ -15,7 +15,10 @@ from daemon_harness import (
     RATE,
     RecordingEngine,
     collect,
+    drop,
     make_config,
+    recv_until,
+    resume_url,
     running_daemon,
     stream_pcm,
     tone_bursts,
@@ -33,26 +36,8 @@ def run(coro: Any) -> Any:
     return asyncio.run(asyncio.wait_for(coro, 60))
 
 
-async def recv_until(conn: ClientConnection, kind: str, count: int = 1) -> list[dict[str, Any]]:
-    """Messages up to and including the `count`-th of type `kind`."""
-    seen: list[dict[str, Any]] = []
-    while sum(m["type"] == kind for m in seen) < count:
-        seen.append(json.loads(await asyncio.wait_for(conn.recv(), 10)))
-    return seen
-
-
 def finals_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [m for m in messages if m["type"] == "final"]
-
-
-def drop(conn: ClientConnection) -> None:
-    """The network went away: no close frame, no `end`."""
-    assert conn.transport is not None
-    conn.transport.abort()
-
-
-def resume_url(base: str, token: str, since: int | None = None) -> str:
-    return f"{base}?resume={token}" + ("" if since is None else f"&since={since}")
 
 
 FOUR_BURSTS = tone_bursts([0.6, 0.6, 0.6, 0.6], gap_s=1.0)

@@ -245,7 +245,7 @@ _EXPECTED: list[tuple[ServerMessage, str, list[str]]] = [
     (
         Final(segment=3, start_ms=10, end_ms=2000, text="hello world"),
         "final",
-        ["segment", "start_ms", "end_ms", "text", "language", "words"],
+        ["segment", "start_ms", "end_ms", "text", "language", "words", "speaker"],
     ),
     (SpeechStarted(start_ms=120), "speech_started", ["start_ms"]),
     (SpeechStopped(end_ms=900), "speech_stopped", ["end_ms"]),

@@ -94,21 +94,32 @@ def format_clock(ms: int, sep: str = ".") -> str:
     return f"{hours:02d}:{minutes:02d}:{seconds:02d}{sep}{millis:03d}"
 
 
+def speaker_name(final: dict[str, Any]) -> str | None:
+    """A diarized final's speaker as the page names it by default ("Speaker 1" for speaker 0);
+    None for a stream that is not diarized."""
+    speaker = final.get("speaker")
+    return None if speaker is None else f"Speaker {int(speaker) + 1}"
+
+
 def render_transcript(finals: list[dict[str, Any]], suffix: str) -> str:
     """Plain text, WebVTT, SubRip or JSON, chosen by the output file's suffix (one of
-    TRANSCRIPT_SUFFIXES)."""
+    TRANSCRIPT_SUFFIXES). A diarized stream's cues name their speaker: a WebVTT voice span
+    (`<v Speaker 1>`), "Speaker 1: " before the text in SubRip and plain text."""
     if suffix == ".vtt":
         # Cue text is markup in WebVTT: "&", "<" and ">" are escaped (the page's export too).
-        cues = [
-            f"{format_clock(f['start_ms'])} --> {format_clock(f['end_ms'])}\n"
-            f"{html.escape(f['text'], quote=False)}\n"
-            for f in finals
-        ]
+        cues = []
+        for f in finals:
+            name = speaker_name(f)
+            voice = "" if name is None else f"<v {html.escape(name)}>"
+            cues.append(
+                f"{format_clock(f['start_ms'])} --> {format_clock(f['end_ms'])}\n"
+                f"{voice}{html.escape(f['text'], quote=False)}\n"
+            )
         return "WEBVTT\n\n" + "\n".join(cues)
     if suffix == ".srt":
         cues = [
             f"{i}\n{format_clock(f['start_ms'], ',')} --> {format_clock(f['end_ms'], ',')}\n"
-            f"{f['text']}\n"
+            f"{_said(f)}\n"
             for i, f in enumerate(finals, start=1)
         ]
         return "\n".join(cues)
@@ -117,8 +128,13 @@ def render_transcript(finals: list[dict[str, Any]], suffix: str) -> str:
         transcript = {"text": join_texts(f["text"] for f in finals), "segments": finals}
         return json.dumps(transcript, ensure_ascii=False) + "\n"
     if suffix == ".txt":
-        return "".join(f"{f['text']}\n" for f in finals)
+        return "".join(f"{_said(f)}\n" for f in finals)
     raise ValueError(f"no transcript format for {suffix!r}: {', '.join(TRANSCRIPT_SUFFIXES)}")
+
+
+def _said(final: dict[str, Any]) -> str:
+    name = speaker_name(final)
+    return final["text"] if name is None else f"{name}: {final['text']}"
 
 
 def write_transcript(path: Path, finals: list[dict[str, Any]]) -> None:

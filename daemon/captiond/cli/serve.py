@@ -93,6 +93,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(dump_toml(config), end="")
         return 0
     from captiond.decoding.scheduler import InferenceScheduler
+    from captiond.engines import speaker_embedder
     from captiond.ops.metrics import share_across_processes
 
     metrics_dir: Path | None = None
@@ -105,7 +106,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     tls_context(config.server)  # a wrong file is found before the engine's minutes of loading
     _probe_address(config.server)
-    scheduler = InferenceScheduler(load_warm_engine(config), config.scheduler)
+    scheduler = InferenceScheduler(
+        load_warm_engine(config), config.scheduler, embedder=speaker_embedder(config.engine)
+    )
     scheduler.start()
     notifier = Notifier()
 

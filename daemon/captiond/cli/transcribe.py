@@ -10,9 +10,13 @@ import time
 from pathlib import Path
 
 from captiond.cli.options import config_from, engine_options, load_warm_engine
+from captiond.engines import speaker_embedder
+from captiond.engines.base import Embedder
+from captiond.engines.models import SPEAKER_MODEL_HINT
 from captiond.errors import (
     CaptiondError,
 )
+from captiond.lang.text import join_texts
 
 
 def add_transcribe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -22,6 +26,11 @@ def add_transcribe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     engine_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--diarize",
+        action="store_true",
+        help="say who spoke: each segment's speaker (needs the CAM++ model, see docs)",
+    )
     p.add_argument(
         "--task",
         choices=("transcribe", "translate"),
@@ -40,10 +49,18 @@ def _transcribe(args: argparse.Namespace) -> int:
         samples = read_audio_16k_mono(args.file)
     except (AudioFileError, OSError) as exc:
         raise CaptiondError(f"cannot read {str(args.file)!r}: {exc}") from None
+    embedder: Embedder | None = None
+    if args.diarize:
+        load = speaker_embedder(config.engine)
+        if load is None:
+            raise CaptiondError(SPEAKER_MODEL_HINT)
+        embedder = load()
     engine = load_warm_engine(config, args.task)
     try:
         started = time.monotonic()
-        transcript = transcribe_samples(samples, engine, config, task=args.task)
+        transcript = transcribe_samples(
+            samples, engine, config, task=args.task, embedder=embedder, diarize=args.diarize
+        )
         wall_s = time.monotonic() - started
     finally:
         engine.close()
@@ -58,6 +75,19 @@ def _transcribe(args: argparse.Namespace) -> int:
             "segments": [s.to_dict() for s in transcript.segments if s.text],
         }
         print(json.dumps(out, ensure_ascii=False))
+    elif args.diarize:
+        # One line per turn: "Speaker 1: …", a speaker's consecutive segments joined.
+        turns: list[tuple[int | None, list[str]]] = []
+        for segment in transcript.segments:
+            if not segment.text:
+                continue
+            if turns and turns[-1][0] == segment.speaker:
+                turns[-1][1].append(segment.text)
+            else:
+                turns.append((segment.speaker, [segment.text]))
+        for speaker, texts in turns:
+            who = "Speaker ?" if speaker is None else f"Speaker {speaker + 1}"
+            print(f"{who}: {join_texts(texts)}")
     else:
         print(transcript.text)
     return 0

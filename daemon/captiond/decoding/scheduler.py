@@ -28,11 +28,13 @@ from typing import Any, Protocol
 from captiond.config import SchedulerConfig
 from captiond.engines.base import (
     DecodeKind,
+    Embedder,
     Engine,
     EngineInfo,
     EngineRequest,
     EngineResult,
     Submit,
+    embed_speakers,
 )
 from captiond.errors import EngineFailedError
 from captiond.ops.metrics import Metrics
@@ -91,10 +93,19 @@ class Decoder(Protocol):
 
 class InferenceScheduler:
     def __init__(
-        self, engine: Engine, config: SchedulerConfig, metrics: Metrics | None = None
+        self,
+        engine: Engine,
+        config: SchedulerConfig,
+        metrics: Metrics | None = None,
+        *,
+        embedder: Callable[[], Embedder] | None = None,
     ) -> None:
         self._engine = engine
-        self.engine_info = EngineInfo.of(engine)
+        self.engine_info = dataclasses.replace(EngineInfo.of(engine), diarizes=embedder is not None)
+        # Loads the speaker-embedding model on this engine thread when a diarized final first
+        # asks for embeddings (engines.speaker_embedder); None: diarization cannot run here.
+        self._load_embedder = embedder
+        self._embedder: Embedder | None = None
         self.metrics = metrics or Metrics()
         self._max_batch = max(1, config.max_batch or engine.max_batch)
         self._max_wait_s = config.max_wait_ms / 1000
@@ -204,6 +215,7 @@ class InferenceScheduler:
                     for item in live:
                         self._run_alone(item)
             else:
+                results = self._embed_speakers(live, results)
                 for item, result in zip(live, results, strict=True):
                     _answer(item, _set_result, result)
             self.stats.requests += len(live)
@@ -218,7 +230,30 @@ class InferenceScheduler:
         except Exception as exc:
             _fail(item, exc)
         else:
+            (result,) = self._embed_speakers([item], [result])
             _answer(item, _set_result, result)
+
+    def _embed_speakers(
+        self, batch: list[_Item], results: list[EngineResult]
+    ) -> list[EngineResult]:
+        """The batch's results with the speaker embeddings its diarized finals asked for, all
+        in one call of the embedding model. A model that cannot load or fails leaves them
+        without: their finals then say no speaker, and their text is not lost."""
+        requests = [item.request for item in batch]
+        if not any(request.speaker_windows for request in requests):
+            return results
+        started = time.monotonic()
+        try:
+            if self._embedder is None:
+                load, self._load_embedder = self._load_embedder, None  # tried once
+                if load is None:
+                    return results  # logged when loading failed
+                self._embedder = load()
+            results = embed_speakers(self._embedder, requests, results)
+        except Exception:
+            log.exception("speaker embeddings failed: these finals go without speakers")
+        self.metrics.diarization_seconds.observe(time.monotonic() - started)
+        return results
 
     def _observe(self, batch: list[_Item], started: float) -> None:
         self.metrics.batch_size.observe(len(batch))

@@ -41,8 +41,13 @@ the model that `speech_model` names, turn-detection thresholds (`end_of_turn_con
 `min_turn_silence`, `max_turn_silence`, `vad_threshold`: captiond's VAD ends turns),
 `prompt` (an instruction to AssemblyAI's model, which Whisper would read as words said before),
 `inactivity_timeout` (the daemon's `[server] idle_timeout_s` applies, and KeepAlive does not hold
-it), speaker labels, PII redaction, `Heartbeat`: ignored, as are unknown fields.
+it), PII redaction, `Heartbeat`: ignored, as are unknown fields.
 `expires_at` is nominal (AssemblyAI's 3-hour limit): captiond ends no session for its age.
+
+`speaker_labels=true` (with `max_speakers`) diarizes the stream (streaming/speakers.py): an
+ended Turn has its `speaker_label` (`A`, `B`, …) and each of its words its `speaker`; a turn in
+which the speaker changes is one Turn per speaker. Interim Turns have neither: their words are
+interpolated, not aligned, and the speaker is decided with the final.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from captiond.dialects import LanguageCheck, Received, any_language
-from captiond.dialects.native import parse_stream_params
+from captiond.dialects.native import parse_max_speakers, parse_stream_params
 from captiond.errors import BadAudioError, BadMessageError, SessionError
 from captiond.lang.languages import AUTO_LANGUAGE, parse_language, prompt_of_terms
 from captiond.lang.text import join_units, plain_unit, units
@@ -95,6 +100,7 @@ class _Word:
     start_ms: int
     end_ms: int
     confidence: float
+    speaker: int | None = None
 
 
 @dataclass(slots=True)
@@ -145,6 +151,10 @@ class AssemblyAIDialect:
         params = parse_stream_params({"sample_rate": rate, "language": language}, default_language)
         if "keyterms_prompt" in query:
             params = replace(params, prompt=_prompt_of(_json(query["keyterms_prompt"])))
+        if "speaker_labels" in query:
+            params = replace(params, diarize=_flag(query, "speaker_labels"))
+        if "max_speakers" in query:
+            params = replace(params, max_speakers=parse_max_speakers(query["max_speakers"]))
         return params
 
     def receive(self, frame: str | bytes) -> Received:
@@ -227,17 +237,35 @@ class AssemblyAIDialect:
         # decode did not write, given 0.0.
         self._turns.pop(message.segment, None)
         words = [
-            _Word(w.word, w.start_ms, w.end_ms, 0.0 if w.confidence is None else w.confidence)
+            _Word(
+                w.word,
+                w.start_ms,
+                w.end_ms,
+                0.0 if w.confidence is None else w.confidence,
+                w.speaker,
+            )
             for w in message.words
         ]
         language = message.language if self._language_detection else None
         order, n_final = message.segment, len(words)
         text = units(message.text)
-        turns = [self._turn(order, words, n_final, end=True, language=language, text=text)]
+        speaker = message.speaker
+        turns = [
+            self._turn(
+                order, words, n_final, end=True, language=language, text=text, speaker=speaker
+            )
+        ]
         if self._format_turns:
             turns.append(
                 self._turn(
-                    order, words, n_final, end=True, language=language, text=text, formatted=True
+                    order,
+                    words,
+                    n_final,
+                    end=True,
+                    language=language,
+                    text=text,
+                    formatted=True,
+                    speaker=speaker,
                 )
             )
         return turns
@@ -252,6 +280,7 @@ class AssemblyAIDialect:
         language: str | None,
         text: list[str] | None = None,
         formatted: bool = False,
+        speaker: int | None = None,
     ) -> str:
         """One Turn: the first `n_final` words are final; `language` is the detected one (only
         with `language_detection`). `text`: the final's units, its transcript (its words may be
@@ -281,11 +310,13 @@ class AssemblyAIDialect:
                         "text": text,
                         "confidence": w.confidence,
                         "word_is_final": final,
+                        **({} if w.speaker is None else {"speaker": speaker_letter(w.speaker)}),
                     }
                     for text, w, final in shown
                 ],
                 "utterance": transcript if end and not formatted else "",
                 **({} if language is None else {"language_code": language}),
+                **({} if speaker is None else {"speaker_label": speaker_letter(speaker)}),
             }
         )
 
@@ -311,6 +342,12 @@ def _interpolated(turn: _Turn, texts: list[str], end_ms: int) -> list[_Word]:
         )
         for i, text in enumerate(rest)
     ]
+
+
+def speaker_letter(speaker: int) -> str:
+    """AssemblyAI's speaker label: A, B, … Z, then AA, AB, …"""
+    head, last = divmod(speaker, 26)
+    return (speaker_letter(head - 1) if head else "") + chr(ord("A") + last)
 
 
 def _flag(query: Mapping[str, str], name: str) -> bool:

@@ -30,11 +30,14 @@ words'; `UtteranceEnd.last_word_end` is the last word's end. Interim results car
 words. Endpointing is the daemon's (`[vad] endpoint_silence_ms`) whatever `endpointing` or
 `utterance_end_ms` say. The idle timeout counts audio only: a stream that sends only `KeepAlive`
 for `[server] idle_timeout_s` is closed (1011, `NET-0001`) where Deepgram would keep it.
+`diarize=true` diarizes the stream (streaming/speakers.py): each final word has its `speaker`
+(an integer from 0, as Deepgram's); a final is one speaker's, so a turn with a speaker change
+is two `Results`; interim results have no words, so no speakers.
 `Configure` with `keyterms` replaces the key terms from the next decode on (`[]` clears them) and
 is answered `ConfigureSuccess`; one with `features` is refused whole with `ConfigureFailure`
 (`CONFIGURE_INTERNAL_ERROR`: formatting is fixed at connect), and the stream goes on.
 Unsupported: other encodings and containers (no decoder: `DATA-0000`), `multichannel=true` (one
-transcript per connection), diarization, redaction, `keywords` (Nova-2's boosts, negative ones
+transcript per connection), redaction, `keywords` (Nova-2's boosts, negative ones
 included, have no Whisper equivalent; ignored). A query that cannot be served is refused before
 the upgrade, with HTTP 400, as Deepgram does; a refused handshake (400, or 401/403 from the
 daemon's token and Origin checks) carries Deepgram's error body (`err_code`, `err_msg`,
@@ -191,6 +194,7 @@ class DeepgramDialect:
         self._finalized_end_ms: set[int] = set()  # utterance ends forced by a Finalize
         self._stopped_end_ms: set[int] = set()  # utterance ends where speech stopped
         self._multi = False  # language detected (multi, a list): results name it
+        self._diarize = False  # diarize=true: words name their speaker
 
     def stream_params(
         self, default_language: str, can_caption: LanguageCheck = any_language
@@ -220,7 +224,12 @@ class DeepgramDialect:
         self._rate_hz = params.sample_rate_hz
         self._multi = params.auto_language
         terms = query.every("keyterm")
-        return replace(params, prompt=prompt_of_terms(terms, "keyterm") if terms else None)
+        self._diarize = _flag(query, "diarize")
+        return replace(
+            params,
+            prompt=prompt_of_terms(terms, "keyterm") if terms else None,
+            diarize=self._diarize if "diarize" in query else None,
+        )
 
     # -- client → daemon ---------------------------------------------------------------------
 
@@ -386,6 +395,8 @@ class DeepgramDialect:
                 # None: a word the final kept from its partials that its decode did not write.
                 "confidence": 0.0 if w.confidence is None else w.confidence,
                 **({"punctuated_word": w.word} if punctuate else {}),
+                # Deepgram's diarize=true: each word's speaker, numbered from 0.
+                **({"speaker": w.speaker} if self._diarize and w.speaker is not None else {}),
                 **language,
             }
             for plain, w in timed

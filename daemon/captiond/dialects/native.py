@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
+from captiond.config import MAX_SPEAKERS
 from captiond.dialects import LanguageCheck, Received, any_language
 from captiond.errors import BadAudioError, BadMessageError, SessionError, close_code_for
 from captiond.lang.languages import TASKS, check_prompt, parse_language
@@ -72,6 +73,8 @@ def parse_stream_params(query: Mapping[str, str], default_language: str) -> Stre
         raise BadMessageError(f"task must be one of {', '.join(TASKS)}, got {task[:20]!r}")
     prompt = query.get("prompt")
     return StreamParams(
+        diarize=parse_flag(query, "diarize"),
+        max_speakers=parse_max_speakers(query.get("max_speakers")),
         sample_rate_hz=rate_hz,
         encoding=encoding,
         language=language.code,
@@ -80,6 +83,31 @@ def parse_stream_params(query: Mapping[str, str], default_language: str) -> Stre
         task=task,
         prompt=None if prompt is None else check_prompt(prompt),
     )
+
+
+def parse_flag(query: Mapping[str, str], key: str) -> bool | None:
+    """A true/false query parameter (None: not given)."""
+    text = query.get(key)
+    if text is None:
+        return None
+    if text.lower() not in ("true", "false"):
+        raise BadMessageError(f"{key} must be true or false, got {text[:20]!r}")
+    return text.lower() == "true"
+
+
+def parse_max_speakers(text: str | None) -> int | None:
+    """`max_speakers`: 1..MAX_SPEAKERS (None: not given)."""
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_SPEAKERS:
+        raise BadMessageError(
+            f"max_speakers must be an integer from 1 to {MAX_SPEAKERS}, got {text[:20]!r}"
+        )
+    return value
 
 
 class Query(dict[str, str]):

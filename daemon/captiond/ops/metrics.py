@@ -66,6 +66,12 @@ class Metrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
+        self.diarization_seconds = Histogram(
+            "captiond_diarization_seconds",
+            "Speaker-embedding time per engine batch with diarized finals",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
         self.engine_phase_seconds = Counter(
             "captiond_engine_phase_seconds",
             "Engine time by phase of its batches (named by the engine)",

@@ -37,10 +37,12 @@ from captiond.decoding.scheduler import HEALTHY_WITHIN_S, Decoder
 from captiond.dialects import Dialect
 from captiond.dialects.endpoints import ENDPOINTS
 from captiond.dialects.native import NativeDialect, Query, ResumeRequest, parse_resume, parse_since
+from captiond.engines.models import SPEAKER_MODEL_HINT
 from captiond.engines.rules import token_counter
 from captiond.engines.speech_gate import applies
 from captiond.errors import (
     CLOSE_GOING_AWAY,
+    BadMessageError,
     ConfigError,
     OverloadedError,
     ResumeFailedError,
@@ -343,6 +345,9 @@ class Daemon:
         engine = self.decoder.engine_info
         params = dialect.stream_params(self.config.stream.language, engine.check_can)
         engine.check_can(params.language, params.task, params.candidates)
+        diarize = self.config.stream.diarize if params.diarize is None else params.diarize
+        if diarize and not engine.diarizes:
+            raise BadMessageError(SPEAKER_MODEL_HINT)
         return params
 
     def _open_stream(
@@ -386,6 +391,8 @@ class Daemon:
                     "task": params.task,
                     "prompt": params.prompt,
                     "chinese_variant": params.chinese_variant,
+                    "diarize": params.diarize,
+                    "max_speakers": params.max_speakers,
                     "resume_sha256": resume_key.secret_sha256 if resume_key else None,
                 },
                 continues=continues,
@@ -552,6 +559,7 @@ class Daemon:
                     text=final.text,
                     language=final.language,
                     words=final.words,
+                    speaker=final.speaker,
                 )
             )
         return live, round(gap_s * 1000)

@@ -39,6 +39,10 @@ class StreamParams:
     # Names and terms the audio may contain, put before every decode's previous text; None:
     # the daemon's `[stream] prompt`.
     prompt: str | None = None
+    # Who said what (`?diarize=true`, `?max_speakers=`); None: the daemon's `[stream] diarize`
+    # and `max_speakers`.
+    diarize: bool | None = None
+    max_speakers: int | None = None
 
     @property
     def auto_language(self) -> bool:
@@ -145,6 +149,7 @@ class Word:
     start_ms: int
     end_ms: int
     confidence: float | None
+    speaker: int | None = None  # diarized streams: who said it (streaming/speakers.py)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -158,6 +163,10 @@ class Final(ServerMessage):
     # Its words with their times and confidences (streaming/words.py); empty when the engine
     # gives no word timings (torch_graph, whose alignment is not built yet) or the text is.
     words: tuple[Word, ...] = ()
+    # Who said it, on a diarized stream: speakers are numbered from 0 in the order they first
+    # spoke, and a final's speaker is never revised (streaming/speakers.py). None: not diarized,
+    # or too little audio to tell.
+    speaker: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = ServerMessage.to_dict(self)

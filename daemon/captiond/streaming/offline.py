@@ -9,13 +9,14 @@ only in what streaming adds.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from captiond.config import Config
-from captiond.engines.base import DecodeKind, Engine
+from captiond.engines.base import DecodeKind, Embedder, Engine, embed_speakers
 from captiond.engines.rules import token_counter
 from captiond.engines.speech_gate import applies, gate
 from captiond.lang.text import join_texts
@@ -57,14 +58,19 @@ def transcribe_samples(
     task: str = "transcribe",
     *,
     partials: bool = False,
+    embedder: Embedder | None = None,
+    diarize: bool = False,
 ) -> Transcript:
     """16 kHz mono float32 audio to the finals a stream of it would produce. With `partials`,
     the session also asks for partials and early finals, as a live stream's does: its stable
-    words are then forced into partials and kept in finals, as they would be live."""
+    words are then forced into partials and kept in finals, as they would be live. With
+    `diarize`, the finals carry speakers, from `embedder`'s embeddings."""
     session = StreamSession(
         config=config,
         vad=webrtc_vad(config.vad.aggressiveness),
-        params=daemon_stream_params(config.stream.language, task),
+        params=dataclasses.replace(
+            daemon_stream_params(config.stream.language, task), diarize=diarize
+        ),
         partials=partials,
         # Without partials a file has no latency to save: an early final would only decode
         # again what the final decodes the same way (its audio ends at the same sample).
@@ -81,6 +87,8 @@ def transcribe_samples(
             result = gate(request.engine_request) if gated else None
             if result is None:
                 (result,) = engine.transcribe_batch([request.engine_request])
+                if embedder is not None:
+                    (result,) = embed_speakers(embedder, [request.engine_request], [result])
                 if request.engine_request.kind is DecodeKind.FINAL:
                     final_decodes += 1
             session.on_result(request, result)

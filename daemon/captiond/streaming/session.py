@@ -21,6 +21,10 @@ start before the endpoint confirms the utterance over: an early final. If the en
 with no speech in between, its result is the final; if the speaker goes on, it is dropped. Its
 text also sets the endpoint: a pause after words that end no sentence ends the utterance only at
 `unfinished_endpoint_silence_ms`, so a sentence a speaker pauses in is decoded whole.
+
+A diarized session (`?diarize=true`, `[stream] diarize`) asks each final's decode for speaker
+embeddings of windows over the utterance's voiced stretches (the VAD keeps them), and sends the
+final as one final per speaker, each with its `speaker` (streaming/speakers.py).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from itertools import count
 import numpy as np
 
 from captiond.config import Config
-from captiond.engines.base import DecodeKind, EngineRequest, EngineResult, WordTiming
+from captiond.engines.base import DecodeKind, EngineRequest, EngineResult
 from captiond.errors import BadMessageError
 from captiond.lang.chinese import written
 from captiond.lang.languages import LanguageSetting
@@ -65,6 +69,7 @@ from captiond.streaming.events import (
 )
 from captiond.streaming.filters import ask_again_alone, is_hallucination
 from captiond.streaming.language import SessionLanguage
+from captiond.streaming.speakers import SpeakerTracker, by_speaker, speaker_windows
 from captiond.streaming.stabilize import LocalAgreement, keep_stable
 from captiond.streaming.utterance import DecodeRequest, StreamOrigin, Utterance
 from captiond.streaming.vad import UtteranceEnd, UtteranceStart, Vad, VadEvent, VadSegmenter
@@ -150,6 +155,10 @@ class StreamSession:
         self._lead_samples = max(self._final_window_samples, self._partial_window_samples)
         self._segments = origin.first_segment
         self._language = SessionLanguage(config.stream, params, origin.language)
+        diarize = config.stream.diarize if params.diarize is None else params.diarize
+        max_speakers = params.max_speakers or config.stream.max_speakers
+        self._speakers = SpeakerTracker(max_speakers=max_speakers) if diarize else None
+        self._segmenter.keeps_voiced = diarize
         self.state = SessionState.STREAMING
 
     # -- input -------------------------------------------------------------------------------
@@ -494,6 +503,9 @@ class StreamSession:
             if kind is DecodeKind.PARTIAL:
                 gate_from = max(gate_from, end - ms_to_samples(_PARTIAL_GATE_MS))
             gate_from -= context.start_sample
+        spans: tuple[tuple[int, int], ...] = ()
+        if kind is DecodeKind.FINAL and self._speakers is not None:
+            spans = speaker_windows(self._segmenter.voiced(utt.speech_start_sample, end))
         return DecodeRequest(
             utterance=utt.index,
             start_sample=utt.start_sample,
@@ -502,6 +514,7 @@ class StreamSession:
             forced_words=forced,
             # Only a final's text is assembled from them (keep_stable).
             following_words=utt.agreement.following if kind is DecodeKind.FINAL else (),
+            speaker_spans=spans,
             engine_request=EngineRequest(
                 audio=self._buffer.view(context.start_sample, end),
                 kind=kind,
@@ -518,8 +531,17 @@ class StreamSession:
                 beam_size=beam,
                 speech_from_sample=gate_from,
                 end_sample=end,
+                speaker_windows=tuple(
+                    (start - context.start_sample, stop - context.start_sample)
+                    for start, stop in spans
+                ),
             ),
         )
+
+    def _segment_of_part(self) -> int:
+        """The segment number of a diarized final's second part (a speaker change)."""
+        self._segments += 1
+        return self._segments - 1
 
     def _segment_of(self, utt: Utterance) -> int:
         if utt.segment is None:
@@ -570,24 +592,25 @@ class StreamSession:
         wanted_end = self._segmenter.pause_sample if early else utt.decode_end_sample
         if request.end_sample != wanted_end or ask_again_alone(utt, request, text, result):
             return
-        timings = result.words if text else ()
+        if not text:
+            result = dataclasses.replace(result, words=())
         if early:
-            utt.early = (request, text, timings)
+            utt.early = (request, text, result)
             # Words that end a sentence (or no words: nothing to go on with) let the pause end
             # the utterance at the endpoint; others wait for the longer one (VadConfig).
             if ends_sentence(text) or not has_word(text):
                 self._handle_vad(self._segmenter.sentence_ended(request.end_sample))
                 self._finish_answered()  # ended by this: its final is this decode's
         else:
-            self._finish(self._closed.popleft(), request, decoded=text, timings=timings)
+            self._finish(self._closed.popleft(), request, decoded=text, result=result)
 
     def _finish_answered(self) -> None:
         """Send the final of each ended utterance whose early final decoded its audio."""
         while self._closed and (early := self._closed[0].early) is not None:
-            request, text, timings = early
+            request, text, result = early
             if request.end_sample != self._closed[0].decode_end_sample:
                 break
-            self._finish(self._closed.popleft(), request, decoded=text, timings=timings)
+            self._finish(self._closed.popleft(), request, decoded=text, result=result)
         self._maybe_done()
 
     def _finish(
@@ -595,17 +618,18 @@ class StreamSession:
         utt: Utterance,
         request: DecodeRequest,
         decoded: str,
-        timings: Sequence[WordTiming] = (),
+        result: EngineResult | None = None,
     ) -> None:
         """Send the utterance's final: its stable words, then the decode's words after them,
-        each with its time and confidence from the decode's `timings` (streaming/words.py); the
-        decode's own text is what later decodes continue from."""
+        each with its time and confidence from the decode's word timings (streaming/words.py)
+        and, diarized, its speaker (one final per speaker's run of words); the decode's own
+        text is what later decodes continue from."""
         assert utt.end_sample is not None
         text = keep_stable(request.stable_words, decoded, request.following_words)
         end_ms = samples_to_ms(utt.end_sample)
         start_ms, words = final_words(
             text,
-            timings,
+            result.words if result is not None else (),
             window_start_sample=request.end_sample - len(request.engine_request.audio),
             floor_ms=self._final_end_ms,
             start_ms=samples_to_ms(request.start_sample),
@@ -615,16 +639,24 @@ class StreamSession:
         # showed partials always gets its one final, possibly empty, so clients clear it, and
         # so does one a finalize ended, so the client has its answer.
         if text or utt.segment is not None or utt.finalized:
-            self._outbox.append(
-                Final(
-                    segment=self._segment_of(utt),
-                    start_ms=start_ms,
-                    end_ms=end_ms,
-                    text=text,
-                    language=utt.language,
-                    words=words,
-                )
+            final = Final(
+                segment=self._segment_of(utt),
+                start_ms=start_ms,
+                end_ms=end_ms,
+                text=text,
+                language=utt.language,
+                words=words,
             )
+            if self._speakers is not None:
+                embeddings = result.speaker_embeddings if result is not None else ()
+                labels = self._speakers.label(embeddings)
+                first, *rest = by_speaker(final, request.speaker_spans, labels)
+                self._outbox.append(first)
+                self._outbox += [
+                    dataclasses.replace(part, segment=self._segment_of_part()) for part in rest
+                ]
+            else:
+                self._outbox.append(final)
             self._final_end_ms = end_ms
         self._context.commit(
             CommittedFinal(

@@ -1,10 +1,12 @@
-"""TODO docstring."""
+"""A session's values: where a session resumed from the journal goes on (`StreamOrigin`), a
+decode it wants (`DecodeRequest`), and one utterance's state (`Utterance`), from its start to its
+final. Owned by StreamSession, on the thread that feeds it (the event loop's)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from captiond.engines.base import DecodeKind, EngineRequest, WordTiming
+from captiond.engines.base import DecodeKind, EngineRequest, EngineResult
 from captiond.streaming.stabilize import LocalAgreement
 
 
@@ -34,6 +36,9 @@ class DecodeRequest:
     forced_words: tuple[str, ...]
     engine_request: EngineRequest
     following_words: tuple[str, ...] = ()
+    # A diarized final's speaker windows on the stream's sample clock (the engine request's
+    # `speaker_windows` count from its audio's first sample).
+    speaker_spans: tuple[tuple[int, int], ...] = ()
 
     @property
     def kind(self) -> DecodeKind:
@@ -64,8 +69,8 @@ class Utterance:
     speech_confirmed: bool = False  # a decode of it produced text: the speech gate let it by
     early_end_sample: int = 0  # audio end of the latest early final asked for
     # An early final's answer, kept until the endpoint: its request, the text decoded and the
-    # decode's word timings.
-    early: tuple[DecodeRequest, str, tuple[WordTiming, ...]] | None = None
+    # decode's result (its word timings and speaker embeddings).
+    early: tuple[DecodeRequest, str, EngineResult] | None = None
     # Its final is decoded without the conversation's context: with it, it decoded to nothing,
     # repeated the context, or ran out of tokens (filters.ask_again_alone).
     alone: bool = False

@@ -24,6 +24,11 @@ from captiond.whisper import SAMPLE_RATE_HZ
 FRAME_MS = FRAME_SAMPLES * 1000 // SAMPLE_RATE_HZ
 # How far before the start window an onset is looked for (see VadSegmenter).
 _ONSET_LOOKBACK_MS = 1_000
+# Voiced stretches a diarized session keeps (`VadSegmenter.voiced`): pauses shorter than this
+# are inside a stretch (as in the speech references' RTTM), and the newest _VOICED_KEPT are
+# kept, more than any utterance (at most `max_utterance_s`) holds.
+VOICED_GAP_MS = 300
+_VOICED_KEPT = 256
 
 
 class Vad(Protocol):
@@ -120,11 +125,16 @@ class VadSegmenter:
         # The first voiced frame since the last utterance ended (none open), for a finalize.
         self._first_voiced_sample: int | None = None
         self._lookback_samples = ms_to_samples(_ONSET_LOOKBACK_MS)
+        self._voiced_gap_samples = ms_to_samples(VOICED_GAP_MS)
         self._silent_frames = 0
         # The end of the open utterance's last voiced frame (where it opened, before any).
         self._voiced_end_sample = start_sample
         # (frame start sample, dBFS) of the open utterance's recent frames, for the cap's cut.
         self._recent: deque[tuple[int, float]] = deque(maxlen=self._cut_search_frames)
+        # Voiced stretches (start, end samples), gaps under VOICED_GAP_MS bridged, when
+        # `keeps_voiced`: where a diarized final's speaker windows go (streaming/speakers.py).
+        self.keeps_voiced = False
+        self._voiced: deque[list[int]] = deque(maxlen=_VOICED_KEPT)
         self.ends_at_pauses = True
         self.waits_for_sentences = False
         # The decode end (`pause_sample`) of the pause the session said ends a sentence: a
@@ -161,6 +171,14 @@ class VadSegmenter:
             return None
         return self._decode_end_sample()
 
+    def voiced(self, start_sample: int, end_sample: int) -> list[tuple[int, int]]:
+        """The voiced stretches between two samples (`keeps_voiced`), clipped to them."""
+        return [
+            (max(a, start_sample), min(b, end_sample))
+            for a, b in self._voiced
+            if b > start_sample and a < end_sample
+        ]
+
     def push(self, frames: Pcm16) -> Iterator[VadEvent]:
         """Feed the next 30 ms frames: one, or every whole frame of a chunk. Levels are
         computed for the chunk at once (per frame, numpy's call overhead was a tenth of a
@@ -181,6 +199,11 @@ class VadSegmenter:
         # words after a silent lead-in (0.36 s of speech on a quiet Common Voice clip).
         webrtc_voiced = self._vad.is_speech(pcm, SAMPLE_RATE_HZ)
         voiced = webrtc_voiced and level_dbfs >= self._floor_dbfs
+        if voiced and self.keeps_voiced:
+            if self._voiced and frame_start - self._voiced[-1][1] < self._voiced_gap_samples:
+                self._voiced[-1][1] = frame_end
+            else:
+                self._voiced.append([frame_start, frame_end])
         if self._start_sample is None:
             if voiced and self._first_voiced_sample is None:
                 self._first_voiced_sample = frame_start

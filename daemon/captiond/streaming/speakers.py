@@ -1,0 +1,235 @@
+"""Who said what: a stream's speakers told apart online, from the speaker embeddings of its
+finals' audio.
+
+A diarized stream's final decode asks the engine for embeddings of `speaker_windows` over its
+utterance: windows of WINDOW_MS every HOP_MS (one window for a shorter utterance), embedded with
+CAM++ after the batch's decodes (engines/speakers.py). `SpeakerTracker.label` then decides each
+window's speaker once, when the final is sent, and never revises it:
+
+1. An utterance whose windows fall into several voices is split where they change (the split
+   whose two sides' means are least alike, while less alike than `change_similarity`, then each
+   side again): people who spoke without a pause between them are separate captions.
+2. Each part goes to the known speaker whose centroid (the mean of the windows given to it) it
+   is most like, if at least `join_similarity`; else it is a new speaker, while fewer than
+   `max_speakers` are known and the part is long enough to tell (a short "yes" is too little
+   to found a speaker on: it goes to the nearest known one unless it is unlike every one of
+   them, below `SHORT_NEW_SIMILARITY`).
+
+The thresholds were measured on the public dialogues and meetings
+(docs/measurements/diarization.md) and chosen where DER is flat around them.
+
+`offline_labels` is the same models' whole-recording reference: every window of the file
+clustered at once (average-linkage agglomerative clustering on cosine distance), small clusters
+merged into their nearest. `captiond bench diarize` compares the two.
+
+Pure numpy (Sans-I/O), on the thread that feeds the session (the event loop's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+from scipy.cluster.hierarchy import fcluster, linkage
+
+from captiond.lang.text import join_units
+from captiond.samples import ms_to_samples, samples_to_ms
+from captiond.streaming.events import Final, Word
+
+WINDOW_MS = 1_500
+HOP_MS = 750
+# The shortest utterance worth a window: CAM++ on less than this says little about the voice.
+MIN_WINDOW_MS = 400
+# A part of an utterance may be one window long: in the meetings, a turn of under two seconds
+# between two others in one breath is common.
+MIN_TURN_WINDOWS = 1
+# Measured on the public dialogues and meetings (docs/measurements/diarization.md): pooled DER
+# is within 0.1 point from 0.40 to 0.47 for the join and moves by 0.6-1.1 points at 0.55 and
+# 0.65 for the change.
+JOIN_SIMILARITY = 0.45
+CHANGE_SIMILARITY = 0.6
+# A part of fewer than this many windows founds a new speaker only when it is unlike every
+# known one below SHORT_NEW_SIMILARITY: with 2, one meeting grew two phantom speakers.
+SURE_NEW_WINDOWS = 3
+SHORT_NEW_SIMILARITY = 0.25
+# The whole-recording reference's threshold and smallest cluster (offline_labels), tuned on
+# the same clips: pooled DER 2.1 % there, 5.6 % at 0.45 and 10 % at 0.35 (a knife edge the
+# live tracker does not have; docs/measurements/diarization.md).
+OFFLINE_SIMILARITY = 0.4
+OFFLINE_MIN_CLUSTER = 5
+
+Embeddings = npt.NDArray[np.float32]
+
+
+def speaker_windows(voiced: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """The windows (start, end samples) to embed over an utterance's voiced stretches: in each,
+    WINDOW_MS long every HOP_MS, the last one ending at the stretch's end; a shorter stretch is
+    one window; stretches under MIN_WINDOW_MS none, unless the utterance has no other speech
+    (then its longest is the window)."""
+    window = ms_to_samples(WINDOW_MS)
+    hop = ms_to_samples(HOP_MS)
+    shortest = ms_to_samples(MIN_WINDOW_MS)
+    out: list[tuple[int, int]] = []
+    for start, end in voiced:
+        if end - start < shortest:
+            continue
+        if end - start <= window:
+            out.append((start, end))
+            continue
+        starts = list(range(start, end - window + 1, hop))
+        if starts[-1] + window < end:
+            starts.append(end - window)
+        out += [(s, s + window) for s in starts]
+    if not out and voiced:
+        out.append(max(voiced, key=lambda span: span[1] - span[0]))
+    return tuple(out)
+
+
+def by_speaker(
+    final: Final, spans: Sequence[tuple[int, int]], labels: Sequence[int]
+) -> list[Final]:
+    """`final` with its speakers: each word gets the speaker of the window whose middle is
+    nearest the word's, and each run of one speaker's words is a final of its own (all but the
+    first keep `final.segment`, for the session to number). Without words, the final is the
+    speaker of most of its windows; without windows, nobody's."""
+    if not labels:
+        return [final]
+    middles_ms = np.array([samples_to_ms((a + b) // 2) for a, b in spans])
+    if not final.words:
+        counts = np.bincount(np.asarray(labels))
+        return [dataclasses.replace(final, speaker=int(counts.argmax()))]
+    words = [
+        dataclasses.replace(
+            w, speaker=labels[int(np.abs(middles_ms - (w.start_ms + w.end_ms) / 2).argmin())]
+        )
+        for w in final.words
+    ]
+    runs: list[list[Word]] = []
+    for word in words:
+        if runs and runs[-1][-1].speaker == word.speaker:
+            runs[-1].append(word)
+        else:
+            runs.append([word])
+    parts: list[Final] = []
+    for i, run in enumerate(runs):
+        last = i == len(runs) - 1
+        parts.append(
+            dataclasses.replace(
+                final,
+                start_ms=final.start_ms if i == 0 else run[0].start_ms,
+                end_ms=final.end_ms if last else max(run[-1].end_ms, run[0].start_ms),
+                text=join_units([w.word for w in run]).strip(),
+                words=tuple(run),
+                speaker=run[0].speaker,
+            )
+        )
+    return parts
+
+
+def _unit(vector: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    norm = float(np.linalg.norm(vector))
+    return vector / norm if norm > 0 else vector
+
+
+@dataclass(slots=True)
+class _Speaker:
+    total: npt.NDArray[np.float32]
+    windows: int
+
+    @property
+    def centroid(self) -> npt.NDArray[np.float32]:
+        return _unit(self.total)
+
+
+@dataclass(slots=True)
+class SpeakerTracker:
+    """One stream's speakers, numbered from 0 in the order they first spoke."""
+
+    max_speakers: int = 8
+    join_similarity: float = JOIN_SIMILARITY
+    change_similarity: float = CHANGE_SIMILARITY
+    _speakers: list[_Speaker] = field(default_factory=list)
+
+    @property
+    def speakers(self) -> int:
+        return len(self._speakers)
+
+    def label(self, embeddings: Sequence[Sequence[float]]) -> list[int]:
+        """The speaker of each window of one utterance, in order (empty: no windows)."""
+        if not len(embeddings):
+            return []
+        vectors = np.asarray(embeddings, dtype=np.float32)
+        labels: list[int] = []
+        for part in _split(vectors, self.change_similarity):
+            labels += [self._place(part)] * len(part)
+        return labels
+
+    def _place(self, part: Embeddings) -> int:
+        mean = _unit(part.mean(axis=0))
+        if self._speakers:
+            similarity = np.array([float(mean @ s.centroid) for s in self._speakers])
+            best = int(similarity.argmax())
+            best_similarity = float(similarity[best])
+        else:
+            best, best_similarity = -1, -1.0
+        sure = len(part) >= SURE_NEW_WINDOWS
+        new = best < 0 or (
+            best_similarity < self.join_similarity
+            and (sure or best_similarity < SHORT_NEW_SIMILARITY)
+            and len(self._speakers) < self.max_speakers
+        )
+        if new:
+            self._speakers.append(_Speaker(part.sum(axis=0), len(part)))
+            return len(self._speakers) - 1
+        speaker = self._speakers[best]
+        speaker.total = speaker.total + part.sum(axis=0)
+        speaker.windows += len(part)
+        return best
+
+
+def _split(vectors: Embeddings, change_similarity: float) -> list[Embeddings]:
+    """The utterance's windows in parts of one voice each: split at the point whose two sides'
+    means are least alike, while they are less alike than `change_similarity` and each side has
+    at least MIN_TURN_WINDOWS, and each side again (three people in one breath)."""
+    n = len(vectors)
+    if n < 2 * MIN_TURN_WINDOWS:
+        return [vectors]
+    best_at, best_similarity = 0, 1.0
+    for at in range(MIN_TURN_WINDOWS, n - MIN_TURN_WINDOWS + 1):
+        similarity = float(_unit(vectors[:at].mean(axis=0)) @ _unit(vectors[at:].mean(axis=0)))
+        if similarity < best_similarity:
+            best_at, best_similarity = at, similarity
+    if best_similarity >= change_similarity:
+        return [vectors]
+    return _split(vectors[:best_at], change_similarity) + _split(
+        vectors[best_at:], change_similarity
+    )
+
+
+def offline_labels(
+    embeddings: Embeddings,
+    threshold: float = OFFLINE_SIMILARITY,
+    *,
+    min_cluster: int = OFFLINE_MIN_CLUSTER,
+) -> npt.NDArray[np.int64]:
+    """A whole recording's windows clustered at once: average-linkage agglomerative clustering
+    on cosine distance (scipy), cut where clusters are less alike than `threshold` on average;
+    clusters of fewer than `min_cluster` windows then join their most similar big cluster.
+    Labels are numbered in order of first appearance."""
+    n = len(embeddings)
+    if n < 2:
+        return np.zeros(n, dtype=np.int64)
+    tree = linkage(embeddings.astype(np.float64), method="average", metric="cosine")
+    raw = fcluster(tree, t=1.0 - threshold, criterion="distance")
+    clusters = [np.flatnonzero(raw == c) for c in np.unique(raw)]
+    big = [c for c in clusters if len(c) >= min_cluster] or clusters
+    centroids = np.stack([_unit(embeddings[c].mean(axis=0)) for c in big])
+    labels = np.zeros(n, dtype=np.int64)
+    for cluster in clusters:
+        labels[cluster] = int((centroids @ _unit(embeddings[cluster].mean(axis=0))).argmax())
+    _, first = np.unique(labels, return_index=True)
+    order = {int(labels[i]): rank for rank, i in enumerate(sorted(first))}
+    return np.array([order[int(x)] for x in labels], dtype=np.int64)

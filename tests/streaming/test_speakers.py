@@ -1,0 +1,156 @@
+"""Who said what (streaming/speakers.py): windows over voiced stretches, the online tracker, a
+final split at a speaker change, and the whole-recording reference clustering."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from captiond.lang.text import join_units, units
+from captiond.streaming.events import Final, Word
+from captiond.streaming.speakers import (
+    HOP_MS,
+    MIN_WINDOW_MS,
+    WINDOW_MS,
+    SpeakerTracker,
+    by_speaker,
+    offline_labels,
+    speaker_windows,
+)
+
+MS = 16  # samples per millisecond
+
+
+def _voice(seed: int, dims: int = 32) -> np.ndarray:
+    vector = np.random.default_rng(seed).normal(size=dims)
+    return vector / np.linalg.norm(vector)
+
+
+def _windows_of(voice: np.ndarray, n: int, noise: float = 0.3, seed: int = 0) -> np.ndarray:
+    """`n` window embeddings of one voice: the voice plus noise, unit length."""
+    rng = np.random.default_rng(seed)
+    out = voice + noise * rng.normal(size=(n, len(voice))) / np.sqrt(len(voice))
+    return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
+
+
+@given(st.lists(st.tuples(st.integers(0, 200_000), st.integers(1, 400_000)), max_size=6))
+def test_windows_lie_inside_the_voiced_stretches_in_order(
+    raw: list[tuple[int, int]],
+) -> None:
+    """Stretches as the VAD keeps them: in order, apart (gaps and lengths drawn)."""
+    stretches, at = [], 0
+    for gap, length in raw:
+        stretches.append((at + gap, at + gap + length))
+        at += gap + length + 1
+    windows = speaker_windows(stretches)
+    assert list(windows) == sorted(windows)
+    for start, end in windows:
+        assert any(a <= start < end <= b for a, b in stretches)
+        assert end - start <= WINDOW_MS * MS
+    long_enough = [(a, b) for a, b in stretches if b - a >= MIN_WINDOW_MS * MS]
+    if long_enough:
+        # Every long-enough stretch is covered to its end.
+        for a, b in long_enough:
+            assert any(end == b for start, end in windows if a <= start)
+    elif stretches:
+        assert len(windows) == 1  # the longest short stretch stands for the utterance
+
+
+def test_a_long_stretch_gets_windows_every_hop() -> None:
+    windows = speaker_windows([(0, 5_000 * MS)])
+    starts = [start for start, _ in windows]
+    assert starts[:-1] == list(range(0, starts[-2] + 1, HOP_MS * MS))
+    assert windows[-1][1] == 5_000 * MS
+
+
+def test_two_voices_are_two_speakers_and_labels_never_change() -> None:
+    a, b = _voice(1), _voice(2)
+    tracker = SpeakerTracker()
+    assert tracker.label(_windows_of(a, 4, seed=1)) == [0] * 4
+    assert tracker.label(_windows_of(b, 4, seed=2)) == [1] * 4
+    assert tracker.label(_windows_of(a, 3, seed=3)) == [0] * 3
+    assert tracker.speakers == 2
+
+
+def test_an_utterance_in_which_the_voice_changes_is_split_there() -> None:
+    a, b, c = _voice(1), _voice(2), _voice(3)
+    tracker = SpeakerTracker()
+    tracker.label(_windows_of(a, 4, seed=1))
+    both = np.concatenate([_windows_of(a, 3, seed=2), _windows_of(b, 3, seed=3)])
+    assert tracker.label(both) == [0, 0, 0, 1, 1, 1]
+    # Three people in one breath: two splits.
+    three = np.concatenate([_windows_of(v, 3, seed=i) for i, v in enumerate((b, c, a))])
+    assert tracker.label(three) == [1] * 3 + [2] * 3 + [0] * 3
+
+
+def test_a_short_unlike_part_does_not_found_a_speaker_unless_unlike_everyone() -> None:
+    a, b = _voice(1), _voice(2)
+    tracker = SpeakerTracker()
+    tracker.label(_windows_of(a, 4, seed=1))
+    # One window of a voice fairly like a's (similarity ~0.35): the nearest known speaker.
+    near = _unit(a + 0.9 * _voice(7))
+    assert tracker.label([near]) == [0]
+    assert tracker.speakers == 1
+    # One window of a voice unlike any known one is a new speaker even so.
+    assert tracker.label([b]) == [1]
+
+
+def _unit(vector: np.ndarray) -> np.ndarray:
+    return vector / np.linalg.norm(vector)
+
+
+def test_max_speakers_bounds_the_speakers() -> None:
+    tracker = SpeakerTracker(max_speakers=2)
+    for seed in range(1, 5):
+        tracker.label(_windows_of(_voice(seed), 4, seed=seed))
+    assert tracker.speakers == 2
+
+
+def _final(text: str, step_ms: int = 500) -> Final:
+    words = tuple(
+        Word(word=unit, start_ms=i * step_ms, end_ms=i * step_ms + 300, confidence=0.9)
+        for i, unit in enumerate(units(text))
+    )
+    return Final(segment=4, start_ms=0, end_ms=len(words) * step_ms, text=text, words=words)
+
+
+def test_a_final_with_two_speakers_becomes_two_finals_joining_back_to_its_text() -> None:
+    final = _final("Are you there? Yes, I am.")
+    spans = [(0, 1_500 * MS), (1_500 * MS, 3_000 * MS)]
+    first, second = by_speaker(final, spans, [0, 1])
+    assert (first.text, first.speaker, second.text, second.speaker) == (
+        "Are you there?",
+        0,
+        "Yes, I am.",
+        1,
+    )
+    assert join_units([*units(first.text), *units(second.text)]) == final.text
+    assert all(w.speaker == part.speaker for part in (first, second) for w in part.words)
+    assert first.start_ms == final.start_ms and second.end_ms == final.end_ms
+    assert first.end_ms <= second.start_ms
+
+
+def test_one_speaker_keeps_the_final_whole_and_no_windows_say_nobody() -> None:
+    final = _final("Just me here.")
+    (whole,) = by_speaker(final, [(0, 1_500 * MS)], [3])
+    assert whole.text == final.text and whole.speaker == 3
+    assert {w.speaker for w in whole.words} == {3}
+    assert by_speaker(final, [], []) == [final]
+    wordless = Final(segment=1, start_ms=0, end_ms=900, text="")
+    (nobody,) = by_speaker(wordless, [(0, 900 * MS)], [2])
+    assert nobody.speaker == 2
+
+
+@pytest.mark.parametrize("voices", [2, 3, 4])
+def test_the_offline_reference_finds_the_voices(voices: int) -> None:
+    rng = np.random.default_rng(voices)
+    truth = rng.integers(0, voices, size=60)
+    truth[:voices] = range(voices)
+    embeddings = np.concatenate(
+        [_windows_of(_voice(int(v) + 10), 1, seed=i) for i, v in enumerate(truth)]
+    )
+    labels = offline_labels(embeddings, threshold=0.4)
+    assert len(set(labels.tolist())) == voices
+    assert labels.tolist() == truth.tolist()  # numbered in order of first appearance
