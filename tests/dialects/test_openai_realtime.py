@@ -8,6 +8,7 @@ import base64
 import contextlib
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -233,6 +234,65 @@ def test_the_prompt_is_the_native_streams_prompt(tiny_en: Engine, speech_dir: Pa
     finals, transcripts = native_and_sdk_finals(tiny_en, pcm_24k, query, session)
     assert name in " ".join(finals)
     assert transcripts == finals
+
+
+@pytest.mark.model
+def test_include_logprobs_gives_each_word_its_confidence(
+    tiny_en: Engine, jfk_24k: np.ndarray
+) -> None:
+    """`include` logprobs: each completed transcript's `logprobs` (parsed by the SDK's own
+    LogProbProperties) are its words, joining back to the transcript, each the log of the
+    native final's word confidence; without `include` there are none."""
+    config = make_config(server=FAST, stream={"partial_interval_ms": 3_600_000})
+    with_logprobs = cast(
+        TranscriptionSession, {**SESSION, "include": ["item.input_audio_transcription.logprobs"]}
+    )
+
+    async def main() -> tuple[list[dict[str, Any]], list[Any], list[Any]]:
+        async with running_daemon(config, engine=tiny_en, vad_factory=None) as daemon:
+            native = await stream_pcm(url(daemon, query="sample_rate=24000"), jfk_24k, 4_800)
+            finals = native.of("final")
+
+            def sdk(session: TranscriptionSession) -> list[Any]:
+                with transcription(daemon.port, session) as conn:
+                    append(conn, jfk_24k)
+                    conn.input_audio_buffer.commit()
+                    events = read_until(conn, completions(len(finals)))
+                return [e for e in events if e.type == COMPLETED]
+
+            asked = await asyncio.wait_for(asyncio.to_thread(sdk, with_logprobs), 120)
+            plain = await asyncio.wait_for(asyncio.to_thread(sdk, SESSION), 120)
+            return finals, asked, plain
+
+    finals, asked, plain = asyncio.run(main())
+    assert [e.transcript for e in asked] == [f["text"] for f in finals]
+    assert all(e.logprobs is None for e in plain)
+    for event, final in zip(asked, finals, strict=True):
+        assert "".join(p.token for p in event.logprobs) == event.transcript
+        words = [w for w in final["words"] if w["confidence"] is not None]
+        assert [p.token.strip() for p in event.logprobs] == [w["word"] for w in words]
+        for entry, word in zip(event.logprobs, words, strict=True):
+            assert bytes(entry.bytes).decode() == entry.token
+            assert entry.logprob == pytest.approx(math.log(word["confidence"]), abs=1e-3)
+    assert any(p.logprob < -0.1 for e in asked for p in e.logprobs), "real, not placeholders"
+
+
+def test_include_names_only_logprobs() -> None:
+    def scenario(port: int) -> list[Any]:
+        replies = []
+        with transcription(port) as conn:
+            for include in (["item.input_audio_transcription.logprobs"], ["usage"], "all"):
+                update = {**SESSION, "include": include}
+                conn.send_raw(json.dumps({"type": "session.update", "session": update}))
+                replies.append(conn.recv())
+        return replies
+
+    updated, unknown, not_a_list = run(scenario)
+    assert updated.type == "session.updated"
+    assert updated.session.include == ["item.input_audio_transcription.logprobs"]
+    assert unknown.type == "error" and unknown.error.code == "invalid_value"
+    assert unknown.error.param == "session.include"
+    assert not_a_list.type == "error" and not_a_list.error.code == "invalid_type"
 
 
 def test_deltas_add_up_to_the_final_in_a_script_without_spaces() -> None:

@@ -20,7 +20,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from captiond.config import EngineConfig  # noqa: E402
-from captiond.engines.base import DecodeKind, Engine, EngineRequest, EngineResult  # noqa: E402
+from captiond.engines.base import (  # noqa: E402
+    DecodeKind,
+    Engine,
+    EngineRequest,
+    EngineResult,
+    WordTiming,
+)
 from captiond.engines.faster_whisper import token_probabilities  # noqa: E402
 from captiond.engines.models import resolve_model  # noqa: E402
 from captiond.engines.rules import partial_token_cap, unit_probabilities, window_frames  # noqa: E402
@@ -225,19 +231,23 @@ def test_greedy_tokens_identical_to_faster_whisper(
     assert not mismatches, f"token mismatch on clips {mismatches}"
 
 
-def test_beam_finals_identical_to_faster_whisper(
-    engine: TorchGraphEngine,
-    reference: Engine,
-    clips: list[EngineRequest],
-    singles: list[EngineResult],
-) -> None:
-    """Finals with the session's beams (5 alone, 3 after a forced prefix), in one call: each
-    beam size decodes in batches of its own (in 8 rows, one request of beam 5 or two of beam
-    3, with different prompts), and every result is faster-whisper's beam search's, its score
-    included."""
+@pytest.fixture(scope="module")
+def beam_finals(
+    engine: TorchGraphEngine, reference: Engine, clips: list[EngineRequest]
+) -> tuple[list[EngineResult], list[EngineResult]]:
+    """The clips as finals with the session's beams (5 alone, 3 after a forced prefix), in one
+    call to each engine: ours, then faster-whisper float32's."""
     requests = [dataclasses.replace(r, beam_size=3 if r.prefix else 5) for r in clips]
-    ours = engine.transcribe_batch(requests)
-    theirs = reference.transcribe_batch(requests)
+    return engine.transcribe_batch(requests), reference.transcribe_batch(requests)
+
+
+def test_beam_finals_identical_to_faster_whisper(
+    beam_finals: tuple[list[EngineResult], list[EngineResult]], singles: list[EngineResult]
+) -> None:
+    """Each beam size decodes in batches of its own (in 8 rows, one request of beam 5 or two
+    of beam 3, with different prompts), and every result is faster-whisper's beam search's,
+    its score included."""
+    ours, theirs = beam_finals
     mismatches = [
         i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a.tokens != b.tokens
     ]
@@ -247,8 +257,43 @@ def test_beam_finals_identical_to_faster_whisper(
         assert a.avg_logprob == pytest.approx(b.avg_logprob, abs=1e-3)
         assert a.no_speech_prob == pytest.approx(b.no_speech_prob, abs=1e-3)
     changed = sum(a.tokens != greedy.tokens for a, greedy in zip(ours, singles, strict=True))
-    print(f"{len(clips)} clips token-identical at beam 5/3; the beam changed {changed}")
+    print(f"{len(ours)} clips token-identical at beam 5/3; the beam changed {changed}")
     assert changed > 0, "the beam decodes as greedy would: the test proves nothing"
+
+
+def test_word_timings_within_20_ms_of_faster_whisper(
+    beam_finals: tuple[list[EngineResult], list[EngineResult]], singles: list[EngineResult]
+) -> None:
+    """The finals' words (align.py: the alignment heads' cross-attention and DTW on the
+    device) are faster-whisper float32's (CTranslate2's `align`): the same words, each start
+    and end within one 20-ms encoder frame, each confidence within 1e-3; a greedy final's too
+    (the one-at-a-time decodes), whose words the beam's share where the tokens agree."""
+    ours, theirs = beam_finals
+    worst_s, worst_p, n_words = 0.0, 0.0, 0
+    for a, b in zip(ours, theirs, strict=True):
+        assert [w.word for w in a.words] == [w.word for w in b.words]
+        assert "".join(w.word for w in a.words).strip() == a.text
+        for x, y in zip(a.words, b.words, strict=True):
+            worst_s = max(worst_s, abs(x.start_s - y.start_s), abs(x.end_s - y.end_s))
+            worst_p = max(worst_p, abs(x.probability - y.probability))
+        n_words += len(a.words)
+    print(
+        f"{n_words} words: worst |time - faster-whisper| {worst_s * 1000:.0f} ms, "
+        f"worst |confidence - faster-whisper| {worst_p:.1e}"
+    )
+    assert n_words > 200, "the clips' finals carry words"
+    assert worst_s <= 0.020 + 1e-9
+    assert worst_p < 1e-3
+    same = [(a, g) for a, g in zip(ours, singles, strict=True) if a.tokens == g.tokens]
+    assert same and all(_same_words(a.words, g.words) for a, g in same)
+
+
+def _same_words(a: tuple[WordTiming, ...], b: tuple[WordTiming, ...]) -> bool:
+    """The same words and times; confidences as equal as two batches' arithmetic allows."""
+    times = [(w.word, w.start_s, w.end_s) for w in a] == [(w.word, w.start_s, w.end_s) for w in b]
+    return times and all(
+        x.probability == pytest.approx(y.probability, abs=1e-4) for x, y in zip(a, b, strict=True)
+    )
 
 
 @pytest.mark.parametrize("beam", [1, 5])
@@ -331,6 +376,7 @@ def test_batch_equals_one_at_a_time(
     assert [r.tokens for r in batched] == [singles[i].tokens for i in picked]
     for ours, single in zip(batched, (singles[i] for i in picked), strict=True):
         assert ours.text == single.text
+        assert _same_words(ours.words, single.words)
         assert ours.avg_logprob == pytest.approx(single.avg_logprob, abs=1e-4)
         assert ours.no_speech_prob == pytest.approx(single.no_speech_prob, abs=1e-4)
 
@@ -418,7 +464,7 @@ def test_phases_account_for_the_batch(engine: TorchGraphEngine, clips: list[Engi
     engine.transcribe_batch(clips[:3])
     wall_s = time.perf_counter() - started
     phases = engine.phases.drain()
-    assert set(phases) == {"encode", "prefill", "decode", "read_back", "results"}
+    assert set(phases) == {"encode", "prefill", "decode", "read_back", "align", "results"}
     assert all(s >= 0 for s in phases.values())
     assert 0.5 * wall_s < sum(phases.values()) <= wall_s
     assert engine.phases.drain() == {}

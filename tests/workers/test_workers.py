@@ -431,6 +431,7 @@ def test_decode_and_result_messages_cross_the_link_whole() -> None:
         speech_from_sample=320,
         stream="s1",
         end_sample=64_000,
+        speaker_windows=((0, 24_000), (8_000, 32_000)),
     )
     # Not one field left at its default: a field the pickles forgot would come back changed.
     defaults = EngineRequest(audio=window, kind=DecodeKind.PARTIAL)
@@ -449,6 +450,7 @@ def test_decode_and_result_messages_cross_the_link_whole() -> None:
         switch_nats=2.1,
         unit_probs=(0.8, 0.95),
         spaced=False,
+        speaker_embeddings=((0.6, 0.8), (1.0, 0.0)),
     )
     sent: list[ipc.Message] = [
         ipc.Decode(7, "s1", len(window), 40_000, window[8_000:], request),

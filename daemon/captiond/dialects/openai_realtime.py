@@ -47,10 +47,17 @@ What differs from OpenAI, and why:
   of Chinese captions). `transcription.prompt` becomes the
   stream's prompt (names and terms before every decode's previous text, as whisper-1 reads
   its prompt; "" or null: none; absent: unchanged; until one is set, the daemon's
-  `[stream] prompt`, which `session.created` does not show). `model`, `noise_reduction` and
-  `include` (logprobs) are accepted and have no effect (`session.updated` shows the daemon's
-  model). G.711 (`audio/pcmu`, `audio/pcma`) and other rates are refused with an
-  `error` event: the stream's format is fixed at connect.
+  `[stream] prompt`, which `session.created` does not show). `model` and `noise_reduction`
+  are accepted and have no effect (`session.updated` shows the daemon's model). G.711
+  (`audio/pcmu`, `audio/pcma`) and other rates are refused with an `error` event: the
+  stream's format is fixed at connect.
+- `include: ["item.input_audio_transcription.logprobs"]` gives each `.completed` a `logprobs`
+  list with one entry per word of the final, not per model token: `token` the word as the
+  transcript writes it (the space before it included, so the tokens join to the transcript),
+  `bytes` its UTF-8, `logprob` the natural log of the word's confidence (the mean probability
+  of its tokens, protocol v1's `confidence`). A word with no confidence (a stable word the
+  final's decode left out, streaming/words.py) has no entry. Deltas carry none: they are
+  partials' stable words, which have no measured confidence yet.
 - Client mistakes are answered with OpenAI's `error` event and the session stays open, as
   OpenAI's does (a frame over the limit below ends it). A daemon error is an `error` event with
   the daemon's code, then protocol v1's close code (the SDK retries 1001/1011/1013 only). One is
@@ -64,6 +71,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from collections.abc import Mapping
 from itertools import count
 from typing import Any
@@ -86,6 +94,8 @@ from captiond.streaming.events import (
 SAMPLE_RATE_HZ = 24_000  # the only rate OpenAI's pcm format has
 MAX_APPEND_CHARS = 1_000_000  # under the default hard frame limit of 1,024,000 bytes
 _DELTA = "conversation.item.input_audio_transcription.delta"
+_LOGPROBS = "item.input_audio_transcription.logprobs"
+_LOWEST_CONFIDENCE = 0.00005
 # The daemon's fault, not the request's (OpenAI's error types).
 _SERVER_ERRORS = {"internal", "engine_failed", "overloaded", "shutting_down"}
 
@@ -115,6 +125,7 @@ class OpenAIRealtimeDialect:
         self._open_start_ms = 0  # the utterance speech_stopped ends
         self._last_item: str | None = None  # the item committed last
         self._sent: dict[int, str] = {}  # per open segment: its text sent as deltas so far
+        self._logprobs = False  # `include` asked for them
 
     def stream_params(
         self, default_language: str, can_caption: LanguageCheck = any_language
@@ -191,6 +202,8 @@ class OpenAIRealtimeDialect:
         transcription = _field(audio_input.get("transcription"), f"{param}.transcription")
         language = _language(transcription, self._can_caption)
         prompt = _prompt(transcription)
+        logprobs = _include(session["include"]) if "include" in session else self._logprobs
+        self._logprobs = logprobs
         self._server_vad = self._server_vad if server_vad is None else server_vad
         if language is not None:
             self._language = str(transcription["language"])  # echoed as the client wrote it
@@ -252,12 +265,14 @@ class OpenAIRealtimeDialect:
         self._last_item = item
         deltas = self._deltas(final.segment, final.start_ms, final.text)
         self._sent.pop(final.segment, None)
+        logprobs = {"logprobs": _word_logprobs(final)} if self._logprobs else {}
         completed = self._event(
             "conversation.item.input_audio_transcription.completed",
             item_id=item,
             content_index=0,
             transcript=final.text,
             usage={"type": "duration", "seconds": (final.end_ms - final.start_ms) / 1000},
+            **logprobs,
         )
         return [committed, *deltas, completed]
 
@@ -283,7 +298,7 @@ class OpenAIRealtimeDialect:
                     "noise_reduction": None,
                 }
             },
-            "include": [],
+            "include": [_LOGPROBS] if self._logprobs else [],
         }
 
     def _event(self, kind: str, **fields: Any) -> str:
@@ -320,6 +335,42 @@ def _field(value: object, param: str, *, required: bool = False) -> dict[str, An
     if not isinstance(value, dict):
         raise _Refused("invalid_type", f"'{param}' must be an object.", param)
     return value
+
+
+def _include(include: object) -> bool:
+    """Whether `session.include` asks for logprobs (the only field OpenAI defines)."""
+    if not isinstance(include, list) or not all(isinstance(f, str) for f in include):
+        raise _Refused("invalid_type", "include must be a list of strings", "session.include")
+    unknown = sorted(set(include) - {_LOGPROBS})
+    if unknown:
+        raise _Refused(
+            "invalid_value", f"cannot include {unknown[0]!r}: only {_LOGPROBS}", "session.include"
+        )
+    return _LOGPROBS in include
+
+
+def _word_logprobs(final: Final) -> list[dict[str, Any]]:
+    """One entry per word with a confidence (see the module docstring). A word's token is the
+    transcript from the end of the word before it to its own end: the space before it, as
+    the transcript writes it (none between Chinese characters)."""
+    entries = []
+    written_to = 0
+    for word in final.words:
+        at = final.text.find(word.word, written_to)
+        end = written_to if at < 0 else at + len(word.word)
+        token = final.text[written_to:end] or word.word
+        written_to = end
+        if word.confidence is None:
+            continue
+        entries.append(
+            {
+                "token": token,
+                "bytes": list(token.encode()),
+                # A confidence (4 decimals) rounds to 0 only below 0.00005: no lower log.
+                "logprob": round(math.log(max(word.confidence, _LOWEST_CONFIDENCE)), 4),
+            }
+        )
+    return entries
 
 
 def _check_format(audio_format: dict[str, Any]) -> None:

@@ -41,17 +41,13 @@ from captiond.engines.rules import (
     unit_probabilities,
     window_frames,
 )
-from captiond.engines.timing import words_of
+from captiond.engines.timing import MEDIAN_FILTER_WIDTH, words_of
 from captiond.errors import ConfigError
 from captiond.lang.chinese import written
 from captiond.whisper import HOP_SAMPLES, MAX_LENGTH, N_FRAMES, SAMPLE_RATE_HZ, WHISPER_LANGUAGES
 
 if TYPE_CHECKING:  # faster-whisper is imported where a model is loaded
     from faster_whisper.transcribe import Segment
-
-
-# faster-whisper's default (find_alignment's median_filter_width).
-_MEDIAN_FILTER_WIDTH = 7
 
 
 class FasterWhisperEngine:
@@ -298,7 +294,7 @@ class FasterWhisperEngine:
                 list(start),
                 [sequences[k] for k in members],
                 content,
-                median_filter_width=_MEDIAN_FILTER_WIDTH,
+                median_filter_width=MEDIAN_FILTER_WIDTH,
             )
             for k, alignment in zip(members, aligned, strict=True):
                 request, tokenizer, n_prefix = rows[k]

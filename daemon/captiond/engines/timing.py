@@ -2,10 +2,11 @@
 
 Each engine runs the alignment itself: faster-whisper through CTranslate2's `align` (the
 cross-attention of the model's alignment heads, median-filtered, then dynamic time warping),
-torch_graph through its own pass over the same heads (torch_graph/timing.py). Both give, for
-every token of the decode, the 20-ms encoder frame at which it starts and its probability under
-the decode's own text. This module turns that into words: split where Whisper's tokenizer splits
-words, punctuation joined to its word as faster-whisper joins it, a word's confidence the mean
+torch_graph through its own pass over the same heads, on its device (torch_graph/align.py).
+Both give, for every token of the decode, the 20-ms encoder frame at which it starts and its
+probability under the decode's own text. This module turns that into words: split where
+Whisper's tokenizer splits words (`split_words`; the DTW path's token starts: `path_starts`),
+punctuation joined to its word as faster-whisper joins it, a word's confidence the mean
 probability of its tokens (faster-whisper's `word.probability`), a word longer than twice the
 median word (at most 1.4 s) cut where it borders silence, and every time moved earlier by
 `START_LEAD_S`, the constant by which the alignment is late (measured, below).
@@ -15,10 +16,12 @@ Pure functions, called on the engine thread.
 
 from __future__ import annotations
 
+import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from captiond.engines.base import WordTiming
 
@@ -29,6 +32,12 @@ TOKENS_PER_S = 50
 # 80 ms late at the median (docs/measurements/word-timings.md). Every time is moved earlier by
 # this much, never before the window's start.
 START_LEAD_S = 0.08
+# faster-whisper's find_alignment: the alignment heads' weights are median-filtered over this
+# many frames.
+MEDIAN_FILTER_WIDTH = 7
+# Written without spaces between words: a word is every run of tokens that decodes to whole
+# characters (faster-whisper's split_to_word_tokens).
+UNSPACED_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "my", "yue"})
 # faster-whisper's defaults (transcribe's prepend_punctuations and append_punctuations).
 PREPEND_PUNCTUATION = "\"'“¿([{-"
 APPEND_PUNCTUATION = "\"'.。,，!！?？:：”)]}、"  # noqa: RUF001
@@ -139,3 +148,59 @@ def _cut_long_words(words: list[_Word]) -> None:
             word.start_s = word.end_s - longest_s
         elif word.text.strip()[-1:] in _SENTENCE_END:
             word.end_s = word.start_s + longest_s
+
+
+def split_words(
+    decode: Callable[[list[int]], str], tokens: Sequence[int], language: str
+) -> tuple[list[str], list[list[int]]]:
+    """Text tokens split into words, as Whisper's tokenizer splits them (faster-whisper's
+    `split_to_word_tokens`, which the faster-whisper engine uses): runs of tokens that decode
+    to whole characters, then, but in `UNSPACED_LANGUAGES`, a run that neither starts with a
+    space nor is punctuation joins the word before it. `decode`: text tokens to text."""
+    whole = decode(list(tokens))
+    texts: list[str] = []
+    groups: list[list[int]] = []
+    run: list[int] = []
+    offset = 0
+    for token in tokens:
+        run.append(token)
+        text = decode(run)
+        broken = text.find("\ufffd")
+        # A replacement character the whole text has too is the text's own, not a cut.
+        if broken < 0 or (offset + broken < len(whole) and whole[offset + broken] == "\ufffd"):
+            texts.append(text)
+            groups.append(run)
+            run = []
+            offset += len(text)
+    if language in UNSPACED_LANGUAGES:
+        return texts, groups
+    words: list[str] = []
+    word_groups: list[list[int]] = []
+    for text, group in zip(texts, groups, strict=True):
+        # `in string.punctuation` as faster-whisper tests it: a substring ("" included).
+        if not words or text.startswith(" ") or text.strip() in string.punctuation:
+            words.append(text)
+            word_groups.append(group)
+        else:
+            words[-1] += text
+            word_groups[-1].extend(group)
+    return words, word_groups
+
+
+def path_starts(trace: npt.NDArray[np.int8], rows: int, frames: int) -> list[int] | None:
+    """Where the dynamic-time-warping path over a [rows, frames] cost matrix first reaches
+    each row (a token's start frame), walked back from (rows, frames) through `trace`
+    ([rows + 1, frames + 1]: 0 diagonal, 1 up, 2 left, as CTranslate2's negative_dtw), or None
+    when the path runs out of frames before it reaches every row."""
+    starts = [-1] * rows
+    i, j = rows, frames
+    while i > 0 and j > 0:
+        starts[i - 1] = j - 1
+        step = trace[i, j]
+        if step == 0:
+            i, j = i - 1, j - 1
+        elif step == 1:
+            i -= 1
+        else:
+            j -= 1
+    return None if i > 0 else starts

@@ -14,8 +14,9 @@ starts later get their own batched encoder pass first), an eager prefill of the 
 and task tokens included), then the single-token step replayed from a CUDA graph of the batch's
 bucket; every `check_every_steps` steps, rows caught in a loop are stopped and the host looks at
 the finished flags. Requests that ask for a beam (finals, by default) decode in batches of their
-own, one per beam size, with CTranslate2's beam search (beam.py), eagerly. On the CPU the same
-code runs eagerly in FP32 (how CI tests it).
+own, one per beam size, with CTranslate2's beam search (beam.py), eagerly. The finals' words are
+then aligned on the device from the same cross-attention cache, eagerly, outside the graphs
+(align.py). On the CPU the same code runs eagerly in FP32 (how CI tests it).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from captiond.engines.base import (
     EngineRequest,
     EngineResult,
     PhaseTimes,
+    WordTiming,
     begins_with_space,
 )
 from captiond.engines.models import model_display_name
@@ -46,6 +48,7 @@ from captiond.engines.rules import (
     unit_probabilities,
     window_frames,
 )
+from captiond.engines.torch_graph.align import Aligner, alignment_heads
 from captiond.engines.torch_graph.beam import BeamBatch
 from captiond.engines.torch_graph.cuda_graph import StepGraphs, bucket_for, bucket_sizes
 from captiond.engines.torch_graph.decode import DecodedRow, GreedyDecoder
@@ -178,6 +181,9 @@ class TorchGraphEngine:
         self.audio = StreamAudio(_stream_rings(max_batch, device_bytes), max_batch, self.device)
         self.mel = MelFrontend(dims.n_mels, self.audio, self.device)
         self.decoder = GreedyDecoder(self.model, self.cache, self.tokens, self.device)
+        self.aligner = Aligner(
+            self.model, self.cache, self.tokens, alignment_heads(model_path, dims)
+        )
         use_graphs = on_cuda if graphs is None else graphs
         self.graphs = StepGraphs(
             self.decoder.step,
@@ -201,7 +207,8 @@ class TorchGraphEngine:
     def phases(self) -> PhaseTimes:
         """encode (new audio to the device, log-mel, encoder, detection), prefill (prompts and
         their prefill), decode (the steps, waiting on the finished flags), read_back (the last
-        wait for the device and the copy back), results (text and word probabilities). On CUDA
+        wait for the device and the copy back), align (the finals' word timings, align.py), results
+        (text and word probabilities). On CUDA
         the device work is asynchronous: a phase that only queues work is fast, and the waits
         for it show in decode and read_back."""
         return self._phases
@@ -286,8 +293,22 @@ class TorchGraphEngine:
                     for r, choice in zip(requests, languages, strict=True)
                 ]
             rows = self._greedy(plans) if beam == 1 else self._beam(plans, beam)
+            finals = [i for i, r in enumerate(requests) if r.kind is DecodeKind.FINAL]
+            words: dict[int, tuple[WordTiming, ...]] = {}
+            if finals:
+                with phase("align"):
+                    aligned = self.aligner.words(
+                        [plans[i] for i in finals],
+                        [rows[i].tokens for i in finals],
+                        # A beam's request r keeps its cross-attention on rows r * beam ...
+                        [i * beam for i in finals],
+                        [len(requests[i].audio) for i in finals],
+                        [frames[i] for i in finals],
+                        [languages[i].language for i in finals],
+                    )
+                    words = dict(zip(finals, aligned, strict=True))
         with phase("results"):
-            return self._results(rows, requests, languages)
+            return self._results(rows, requests, languages, words)
 
     def _greedy(self, plans: Sequence[PromptPlan]) -> list[DecodedRow]:
         """The prefill chooses each row's first token; the bucket's step graph the rest."""
@@ -321,10 +342,12 @@ class TorchGraphEngine:
         rows: Sequence[DecodedRow],
         requests: Sequence[EngineRequest],
         languages: Sequence[LanguageChoice],
+        words: dict[int, tuple[WordTiming, ...]],
     ) -> list[EngineResult]:
-        """Text, compression ratio and (partials) word probabilities of each decoded row."""
+        """Text, compression ratio, (partials) word probabilities and (finals) words of each
+        decoded row."""
         results = []
-        for row, request, choice in zip(rows, requests, languages, strict=True):
+        for i, (row, request, choice) in enumerate(zip(rows, requests, languages, strict=True)):
             written = self.tokens.decode(row.tokens)
             text = written.strip()
             unit_probs: tuple[float, ...] = ()
@@ -347,6 +370,7 @@ class TorchGraphEngine:
                     spaced=begins_with_space(written),
                     truncated=row.truncated,
                     looped=row.looped,
+                    words=words.get(i, ()),
                 )
             )
         return results

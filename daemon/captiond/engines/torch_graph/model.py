@@ -8,7 +8,7 @@ Nothing here allocates per step except activations, so the decode step can be gr
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import cast
 
 import torch
@@ -193,6 +193,30 @@ class DecoderBlock(nn.Module):
         x = self._cross(x, cache, layer, cross_mask)
         return x + self.mlp(self.mlp_ln(x))
 
+    def forced(
+        self,
+        x: torch.Tensor,
+        cross: tuple[torch.Tensor, torch.Tensor],
+        cross_mask: torch.Tensor,
+        heads: Sequence[int],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Whole right-padded sequences (teacher forcing), touching no cache: `cross` is the
+        rows' cross-attention (K, V). Also returns the pre-softmax cross-attention scores of
+        `heads` [n, len(heads), T, n_audio_ctx] (None when there are none), as CTranslate2's
+        decoder returns its alignment heads'."""
+        q, k, v = (_heads(t, self.n_head) for t in self.qkv(self.attn_ln(x)).chunk(3, dim=-1))
+        x = x + self.attn_out(_merge(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
+        cross_k, cross_v = cross
+        q = _heads(self.cross_q(self.cross_ln(x)), self.n_head)
+        out = F.scaled_dot_product_attention(q, cross_k, cross_v, attn_mask=cross_mask)
+        x = x + self.cross_out(_merge(out))
+        scores = None
+        if heads:
+            chosen = list(heads)
+            scale = q.shape[-1] ** -0.5
+            scores = (q[:, chosen] @ cross_k[:, chosen].transpose(-1, -2)) * scale
+        return x + self.mlp(self.mlp_ln(x)), scores
+
     def step(
         self,
         x: torch.Tensor,
@@ -261,6 +285,32 @@ class TextDecoder(nn.Module):
         for layer, block in enumerate(self.layers):
             x = block.prefill(x, cache, layer, cross_mask)
         return x
+
+    def forced(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        rows: torch.Tensor,
+        heads: Sequence[tuple[int, int]],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[n, T] right-padded whole sequences against the cross-attention of cache `rows` [n]
+        -> hidden states [n, T, D] (pre final norm) and the pre-softmax cross-attention scores
+        of `heads` ((layer, head) pairs) [n, len(heads), T, n_audio_ctx], in the order of the
+        layers, then of `heads`. Reads the cache, writes nothing: the decode's state stays."""
+        x = (
+            F.embedding(tokens, self.token_embedding.weight)
+            + self.positional_embedding[: tokens.shape[1]]
+        )
+        slots = torch.arange(cache.cross_k.shape[3], device=tokens.device)
+        cross_mask = (slots[None, :] < cache.cross_len[rows, None])[:, None, None, :]
+        scores = []
+        for layer, block in enumerate(self.layers):
+            layer_heads = [head for at, head in heads if at == layer]
+            cross = (cache.cross_k[layer, rows], cache.cross_v[layer, rows])
+            x, chosen = block.forced(x, cross, cross_mask, layer_heads)
+            if chosen is not None:
+                scores.append(chosen)
+        return x, torch.cat(scores, dim=1)
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """[B] tokens at [B] positions -> [B, n_vocab] float32 logits."""
