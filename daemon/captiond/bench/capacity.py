@@ -13,7 +13,12 @@ between repeats), against the daemon started here (or --url), then against Whisp
 p95 partial lag and p95 final latency are within the bounds; the capacity is the largest N that
 holds. Two failed levels in a row end the sweep.
 
+With --diarize both, the daemon's sweep runs twice in one run, without and with every stream
+diarized ([stream] diarize: speaker embeddings for every final), so the two capacities and the
+daemon's CPU per stream compare on the same machine and audio.
+
     captiond bench capacity --streams 16,64,256 --workers 4 --client-procs 4 --out DIR
+    captiond bench capacity --engine fake --diarize both --streams 4,8,16 --out DIR
 """
 
 from __future__ import annotations
@@ -67,6 +72,8 @@ _ENGINE_SAMPLES = (
     "captiond_batch_size_sum",
     "captiond_batch_size_count",
 )
+# Speaker-embedding time over the level (the batches with diarized finals; --diarize).
+_DIARIZATION_SAMPLES = ("captiond_diarization_seconds_sum", "captiond_diarization_seconds_count")
 
 
 def add_capacity_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -94,6 +101,7 @@ def add_capacity_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         default=1,
         help="daemon worker processes serving websockets (default 1: all in this process)",
     )
+    common.add_diarize_option(p)
     p.add_argument("--bound-partial-ms", type=float, default=1000.0, help="p95 partial lag bound")
     p.add_argument("--bound-final-ms", type=float, default=1000.0, help="p95 final latency bound")
     p.set_defaults(func=_bench_capacity)
@@ -134,7 +142,10 @@ def _engine_totals(scheduler: InferenceScheduler | None) -> dict[str, float] | N
     if scheduler is None:
         return None
     registry = scheduler.metrics.registry
-    totals = {name: registry.get_sample_value(name) or 0.0 for name in _ENGINE_SAMPLES}
+    totals = {
+        name: registry.get_sample_value(name) or 0.0
+        for name in (*_ENGINE_SAMPLES, *_DIARIZATION_SAMPLES)
+    }
     for family in registry.collect():
         if family.name == "captiond_engine_phase_seconds":
             for sample in family.samples:
@@ -149,9 +160,16 @@ def _engine_figures(
     """Engine time, its phases and requests per batch over the level, from the counters'
     deltas."""
     if before is None or after is None:
-        return {"engine_batches": None, "engine_ms_per_batch_mean": None, "batch_size_mean": None}
+        return {
+            "engine_batches": None,
+            "engine_ms_per_batch_mean": None,
+            "batch_size_mean": None,
+            "diarization_s": None,
+            "diarization_batches": None,
+        }
     delta = {name: value - before.get(name, 0.0) for name, value in after.items()}
     engine_s, batches, requests, sized = (delta[name] for name in _ENGINE_SAMPLES)
+    diarization_s, diarization_batches = (delta[name] for name in _DIARIZATION_SAMPLES)
     phases_ms = {
         name.removeprefix("phase:"): round(1000 * seconds / batches, 2)
         for name, seconds in delta.items()
@@ -162,6 +180,8 @@ def _engine_figures(
         "engine_ms_per_batch_mean": round(1000 * engine_s / batches, 2) if batches else None,
         "engine_phase_ms_per_batch": phases_ms,
         "batch_size_mean": round(requests / sized, 2) if sized else None,
+        "diarization_s": round(diarization_s, 3),
+        "diarization_batches": int(diarization_batches),
     }
 
 
@@ -222,9 +242,16 @@ async def _level(
         "holds": holds,
         **_engine_figures(before, after),
         "load_average_1": round(os.getloadavg()[0], 2),
-        **monitor.result(),
+        **_per_stream(monitor.result(), n),
         **gpu.result(),
     }
+
+
+def _per_stream(resources: dict[str, Any], n: int) -> dict[str, Any]:
+    """The resource monitor's figures, and the daemon's CPU per stream (percent of one core)."""
+    daemon_cpu = resources.get("daemon_cpu_percent_mean")
+    per_stream = None if daemon_cpu is None else round(daemon_cpu / n, 2)
+    return resources | {"daemon_cpu_percent_per_stream": per_stream}
 
 
 async def _sweep(args: argparse.Namespace, target: _Target, audio: _Audio) -> list[dict[str, Any]]:
@@ -245,14 +272,14 @@ async def _sweep(args: argparse.Namespace, target: _Target, audio: _Audio) -> li
 
 
 async def _ours(
-    args: argparse.Namespace, env: common.BenchEnv, audio: _Audio
+    args: argparse.Namespace, env: common.BenchEnv, audio: _Audio, name: str = "captiond"
 ) -> list[dict[str, Any]]:
     sessions = max(args.streams) + _SPARE_SESSIONS * args.workers
     async with common.bench_daemon(
         args, env, max_sessions=sessions, workers=args.workers
     ) as daemon:
         target = _Target(
-            name="captiond",
+            name=name,
             protocol="native",
             url=daemon.url,
             scheduler=daemon.scheduler,
@@ -297,9 +324,13 @@ def _bench_capacity(args: argparse.Namespace) -> int:
     env = common.prepare(args)
     looped = [loop_audio(c.samples, args.duration_s) for c in env.clips]
     audio = _Audio(samples=looped, speech=[speech_runs(a) for a in looped])
-    results = {"captiond": run_loop(_ours(args, env, audio), env.config.server.event_loop)}
+    loop = env.config.server.event_loop
+    results = {
+        name: run_loop(_ours(args, run_env, audio, name), loop)
+        for name, run_env in common.diarize_runs(args, env)
+    }
     if args.peer:
-        results["whisperlive"] = run_loop(_peer(args, env, audio), env.config.server.event_loop)
+        results["whisperlive"] = run_loop(_peer(args, env, audio), loop)
     gpu, gpu_note = gpu_facts()
     data = common.header(args, env, "capacity") | {
         "bounds_ms": {

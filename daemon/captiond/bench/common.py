@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import wave
@@ -25,7 +26,7 @@ from captiond.bench.peer_whisperlive import MODES, peer_version
 from captiond.bench.report import config_dict, machine_facts, parse_settings
 from captiond.config import Config, load_config, override
 from captiond.decoding.scheduler import InferenceScheduler
-from captiond.engines import ENGINE_NAMES, load_engine
+from captiond.engines import ENGINE_NAMES, load_engine, speaker_embedder
 from captiond.engines.base import Engine
 from captiond.errors import ConfigError
 from captiond.lang.languages import AUTO_LANGUAGE, check_language
@@ -96,6 +97,34 @@ class BenchEnv:
     manifest: Path
     offline: dict[str, str] = field(default_factory=dict)
     offline_rtf: dict[str, float] = field(default_factory=dict)
+
+
+# The sweep with every stream diarized (--diarize on/both), as the JSONs name it.
+DIARIZED = "captiond-diarize"
+
+
+def add_diarize_option(p: argparse.ArgumentParser) -> None:
+    """--diarize: the daemon's streams without speaker labels, with them, or both in one run
+    (the same audio, machine and engine, so that the two compare)."""
+    p.add_argument(
+        "--diarize",
+        choices=("off", "on", "both"),
+        default="off",
+        help="diarize every stream ([stream] diarize); both: without, then with, in one run",
+    )
+
+
+def diarize_runs(args: argparse.Namespace, env: BenchEnv) -> list[tuple[str, BenchEnv]]:
+    """The daemon runs --diarize asks for, named as the JSON keys them ("captiond" without,
+    DIARIZED with), each with its env's `[stream] diarize` set."""
+    if args.diarize != "off" and args.url:
+        raise ConfigError("bench: --diarize starts a daemon here; not with --url")
+    runs = []
+    for name, diarize, wanted in (("captiond", False, "off"), (DIARIZED, True, "on")):
+        if args.diarize in (wanted, "both"):
+            config = override(env.config, "stream", diarize=diarize)
+            runs.append((name, dataclasses.replace(env, config=config)))
+    return runs
 
 
 def default_manifest() -> Path:
@@ -221,7 +250,13 @@ async def bench_daemon(
         max_sessions=max_sessions,
         max_sessions_per_ip=max_sessions,
     )
-    scheduler = InferenceScheduler(env.engine, config.scheduler)
+    # As `captiond serve`: the speaker-embedding model loads when a diarized stream needs it.
+    scheduler = InferenceScheduler(
+        env.engine,
+        config.scheduler,
+        embedder=speaker_embedder(config.engine),
+        load_embedder_at_start=config.stream.diarize,
+    )
     scheduler.start()
     try:
         if workers > 1:

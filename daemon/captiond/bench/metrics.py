@@ -195,6 +195,13 @@ def final_text(messages: Sequence[Message]) -> str:
     return " ".join(m["text"] for m in messages if m["type"] == "final" and m["text"])
 
 
+def speakers_found(messages: Sequence[Message]) -> int:
+    """How many speakers the finals name (0 on a stream that is not diarized)."""
+    return len(
+        {m["speaker"] for m in messages if m["type"] == "final" and m.get("speaker") is not None}
+    )
+
+
 def last_final_before_done(messages: Sequence[Message]) -> bool:
     """Every final arrived before `done` (a trace without `done` fails)."""
     types = [m["type"] for m in messages]

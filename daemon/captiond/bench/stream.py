@@ -8,9 +8,13 @@ of each whole clip with the same model (the `whole-file` column). With --peer wh
 clips are streamed to WhisperLive at the same pace, one clip at a time, after ours. Each clip
 goes to both with `TAIL_SILENCE_S` of silence after it, so each system ends its last utterance
 by its own endpointing, as in a live meeting, before captiond is sent `end` and WhisperLive
-END_OF_AUDIO. Latencies count from the speech in the audio (bench.speech), the same for both.
+END_OF_AUDIO. Latencies count from the speech in the audio (bench.speech), the same for both. With
+--diarize both the clips are streamed to the daemon twice, without and with `[stream] diarize`
+(the JSON's "captiond" and "captiond-diarize"), so what speaker labels cost in final latency
+is measured in one run.
 
     captiond bench stream --clips long,utterance:6,nonspeech:3 --max-clip-s 240 --out DIR
+    captiond bench stream --clips meeting_pub_00,spokenwoz_SNG0072 --diarize both --out DIR
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from captiond.bench.metrics import (
     partial_lags_ms,
     retracted_stable_words,
     share,
+    speakers_found,
     stable_before_final,
     summary,
     unstable_churn,
@@ -62,6 +67,7 @@ TAIL_SILENCE_S = 2.0
 def add_stream_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("stream", help="per-clip WER, latency, stability vs offline and the peer")
     common.add_options(p, default_clips="long:1,utterance:6,nonspeech:3")
+    common.add_diarize_option(p)
     p.add_argument(
         "--no-whole-file",
         dest="whole_file",
@@ -87,6 +93,7 @@ def clip_figures(
         "stable_before_final_share": share(stable_before_final(trace.messages)),
         "unstable_churn_words": unstable_churn(trace.messages),
         "last_final_before_done": last_final_before_done(trace.messages),
+        "speakers": speakers_found(trace.messages),
         "end_wait_s": _round(trace.ended_s - trace.sent_s[-1] if trace.ended_s else None),
     }
     if clip.kind != "nonspeech":
@@ -171,7 +178,9 @@ async def _run_ours(
 ) -> dict[str, Any]:
     runs: dict[str, Trace] = {}
     requests: dict[str, float] = {}
-    progress = Progress("captiond", len(env.clips))
+    progress = Progress(
+        "captiond" + (" diarized" if env.config.stream.diarize else ""), len(env.clips)
+    )
     async with common.bench_daemon(args, env) as daemon:
         url, scheduler = daemon.url, daemon.scheduler
         for clip in env.clips:
@@ -227,7 +236,10 @@ def _bench_stream(args: argparse.Namespace) -> int:
     whole = _whole_file(env) if args.whole_file else None
     streamed = {c.id: Streamed.of(c) for c in env.clips}
     loop = env.config.server.event_loop
-    results: dict[str, Any] = {"captiond": run_loop(_run_ours(args, env, streamed), loop)}
+    results: dict[str, Any] = {
+        name: run_loop(_run_ours(args, run_env, streamed), loop)
+        for name, run_env in common.diarize_runs(args, env)
+    }
     if args.peer:
         results["whisperlive"] = run_loop(_run_peer(args, env, streamed), loop)
     series: dict[str, list[float]] = {}
@@ -256,7 +268,14 @@ def _bench_stream(args: argparse.Namespace) -> int:
     name = f"stream-{data['machine']['host']}"
     write_json(args.out / f"{name}.json", data)
     plot_cdfs(args.out / f"{name}.png", f"captiond bench stream ({env.engine.name})", series)
-    _table(env.clips, data)
+    if "captiond" in data:
+        _table(env.clips, data)
+    if common.DIARIZED in data:
+        overall = data[common.DIARIZED]["overall"]
+        print(
+            f"diarized: final latency p50 {overall['final_latency_ms']['p50']} ms, "
+            f"p95 {overall['final_latency_ms']['p95']} ms, WER {overall['wer_exact_refs']}"
+        )
     print(f"wrote {args.out / name}.json and .png")
     return 0
 

@@ -107,7 +107,10 @@ def _serve(args: argparse.Namespace) -> int:
     tls_context(config.server)  # a wrong file is found before the engine's minutes of loading
     _probe_address(config.server)
     scheduler = InferenceScheduler(
-        load_warm_engine(config), config.scheduler, embedder=speaker_embedder(config.engine)
+        load_warm_engine(config),
+        config.scheduler,
+        embedder=speaker_embedder(config.engine),
+        load_embedder_at_start=config.stream.diarize,
     )
     scheduler.start()
     notifier = Notifier()

@@ -4,8 +4,9 @@
 process, or `remote.EngineClient` in a worker process (workers/pool.py).
 
 Two sides. The asyncio side (`submit`, event-loop thread) queues a request with a future and
-awaits it. The engine thread (the only thread that touches the engine, its model and any CUDA
-context) takes finals first, then partials, oldest first, up to `max_batch`, waiting at most
+awaits it. The engine thread (the only thread that touches the engine, its models and any
+CUDA context once it runs; a speaker model every stream needs is loaded in `start`, before it)
+takes finals first, then partials, oldest first, up to `max_batch`, waiting at most
 `max_wait_ms` for a batch to fill (woken by the first request and by the one that fills it),
 and resolves the futures through `call_soon_threadsafe`. It records batch sizes, queue wait and
 engine time in the daemon's metrics.
@@ -99,12 +100,17 @@ class InferenceScheduler:
         metrics: Metrics | None = None,
         *,
         embedder: Callable[[], Embedder] | None = None,
+        load_embedder_at_start: bool = False,
     ) -> None:
         self._engine = engine
         self.engine_info = dataclasses.replace(EngineInfo.of(engine), diarizes=embedder is not None)
         # Loads the speaker-embedding model on this engine thread when a diarized final first
         # asks for embeddings (engines.speaker_embedder); None: diarization cannot run here.
+        # A daemon that diarizes every stream ([stream] diarize) loads it in start() instead,
+        # before it serves: loading (torch's import, the weights) took 2-9 s on the 2-core VM,
+        # and every stream's decodes would wait behind it.
         self._load_embedder = embedder
+        self._load_embedder_at_start = load_embedder_at_start
         self._embedder: Embedder | None = None
         self.metrics = metrics or Metrics()
         self._max_batch = max(1, config.max_batch or engine.max_batch)
@@ -121,9 +127,11 @@ class InferenceScheduler:
         return self._engine
 
     def start(self) -> None:
-        """Start the engine thread, and shorten the interpreter's switch interval for the
-        process (see ENGINE_SWITCH_INTERVAL_S)."""
+        """Load the speaker model if every stream needs it, start the engine thread, and
+        shorten the interpreter's switch interval for the process (ENGINE_SWITCH_INTERVAL_S)."""
         sys.setswitchinterval(min(sys.getswitchinterval(), ENGINE_SWITCH_INTERVAL_S))
+        if self._load_embedder_at_start:
+            self._ready_embedder()  # before the thread takes its first batch
         self._thread.start()
 
     def stream(self, key: str) -> Submit:
@@ -243,17 +251,28 @@ class InferenceScheduler:
         if not any(request.speaker_windows for request in requests):
             return results
         started = time.monotonic()
+        embedder = self._ready_embedder()
+        if embedder is None:
+            return results
         try:
-            if self._embedder is None:
-                load, self._load_embedder = self._load_embedder, None  # tried once
-                if load is None:
-                    return results  # logged when loading failed
-                self._embedder = load()
-            results = embed_speakers(self._embedder, requests, results)
+            results = embed_speakers(embedder, requests, results)
         except Exception:
             log.exception("speaker embeddings failed: these finals go without speakers")
         self.metrics.diarization_seconds.observe(time.monotonic() - started)
         return results
+
+    def _ready_embedder(self) -> Embedder | None:
+        """The speaker-embedding model, loaded on its first use (tried once: a model that
+        cannot load is logged, and diarized finals then go without speakers)."""
+        if self._embedder is None:
+            load, self._load_embedder = self._load_embedder, None
+            if load is None:
+                return None
+            try:
+                self._embedder = load()
+            except Exception:
+                log.exception("the speaker-embedding model did not load: no speakers")
+        return self._embedder
 
     def _observe(self, batch: list[_Item], started: float) -> None:
         self.metrics.batch_size.observe(len(batch))
