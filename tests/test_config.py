@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from captiond.config import (
     EVENT_LOOPS,
+    INSTANCE_NAME,
     RANGES,
     AuthConfig,
     Config,
@@ -253,6 +254,8 @@ def _section_strategy(cls: type[Any]) -> st.SearchStrategy[Any]:
             fields[f.name] = _origins
         elif f.name == "event_loop":
             fields[f.name] = st.sampled_from(EVENT_LOOPS)
+        elif f.name == "instance":
+            fields[f.name] = st.just("") | st.from_regex(INSTANCE_NAME, fullmatch=True)
         elif f.name == "language":
             fields[f.name] = st.sampled_from(["en", "de", "yue", "auto", "en,de"])
         elif f.name == "chinese_variant":

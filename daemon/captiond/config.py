@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import re
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -66,6 +67,10 @@ class ServerConfig:
     # The asyncio event loop of the daemon's processes (ops/loop.py): "auto" (uvloop when it is
     # installed, else asyncio's), "uvloop" or "asyncio".
     event_loop: str = "auto"
+    # This instance's name among several behind a load balancer (a DNS label: `gpu0`, a pod's
+    # name): its session ids start `<instance>_`, so that a resume can be sent back to it
+    # (server/resume.py). "": one daemon, no prefix.
+    instance: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -406,6 +411,9 @@ _MAX_WORKERS = 64
 # every speaker, and no meeting a caption is read in has more voices worth telling apart.
 MAX_SPEAKERS = 32
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+# `[server] instance`: a DNS label (a Kubernetes pod's or a host's name fits), so never a `_`,
+# which ends it in a session id (server/resume.py).
+INSTANCE_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$")
 # Durations counted in whole 30-ms VAD frames (streaming/vad.py): less than one frame is no time at
 # all.
 _FRAMES = Range(30, why="one VAD frame")
@@ -500,6 +508,11 @@ def _check_ranges(name: str, section: Any) -> None:
 def _check_server(server: ServerConfig) -> None:
     if server.event_loop not in EVENT_LOOPS:
         raise ConfigError(f"[server] event_loop must be one of {', '.join(EVENT_LOOPS)}")
+    if server.instance and not INSTANCE_NAME.match(server.instance):
+        raise ConfigError(
+            f"[server] instance {server.instance!r}: lowercase letters, digits and '-', "
+            "at most 40, not starting or ending with '-' (a DNS label)"
+        )
     if server.workers > 1 and server.tls_cert:
         # The main process routes each connection by its request line (resume tokens, viewers),
         # which it cannot read inside TLS.

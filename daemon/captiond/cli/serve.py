@@ -48,6 +48,11 @@ def add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=int,
         help="processes serving websockets and VAD; the engine stays in this one (default 1)",
     )
+    p.add_argument(
+        "--instance",
+        help="this instance's name behind a load balancer (a DNS label): session ids start "
+        "with it, so a resume finds its instance",
+    )
     p.add_argument("--tls-cert", help="PEM certificate: serve wss:// and https://")
     p.add_argument("--tls-key", help="PEM private key for --tls-cert")
     p.add_argument(
@@ -85,6 +90,7 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         max_sessions=args.max_sessions,
         workers=args.workers,
+        instance=args.instance,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
     )

@@ -39,6 +39,8 @@ class JournaledFinal:
     language: str | None = None
     words: tuple[Word, ...] = ()  # none in a journal written before finals had them
     speaker: int | None = None  # diarized streams' (streaming/speakers.py)
+    # Where in the client's audio the final ends (bytes); none before finals had it.
+    end_byte: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,16 +79,42 @@ class JournalSession:
         )
 
     def origin(self) -> StreamOrigin:
-        """Where the session goes on when taken back (its end record must be there): its stream
-        clock and segment numbers continue, its earlier text is the prompt (its audio is gone)."""
-        assert self.end is not None
+        """Where the session goes on when taken back: its stream clock and segment numbers
+        continue, its earlier text is the prompt (its audio is gone). After its end record
+        (its daemon stopped it), from where it stopped; without one (its daemon died), from its
+        last final's end, the audio after it to be sent again (`resume_bytes`)."""
+        if self.end is not None:
+            start_ms, first_segment = int(self.end["audio_ms"]), int(self.end["segments"])
+        elif self.finals:
+            start_ms, first_segment = self.finals[-1].end_ms, self.finals[-1].segment + 1
+        else:
+            start_ms, first_segment = 0, 0
         return StreamOrigin(
-            start_sample=ms_to_samples(int(self.end["audio_ms"])),
-            first_segment=int(self.end["segments"]),
+            start_sample=ms_to_samples(start_ms),
+            first_segment=first_segment,
             earlier_text=join_texts(f.text for f in self.finals)[-_EARLIER_TEXT_CHARS:],
             # With ?language=auto the conversation's language goes on as the next hint.
             language=next((f.language for f in reversed(self.finals) if f.text), None),
         )
+
+    def resume_bytes(self) -> int | None:
+        """How much of the client's audio the session taken back has had (the `received_bytes`
+        of its `resumed`): all it received when its daemon stopped it; up to its last final's
+        end when its daemon died (0 before any final). None when that is not known (a final
+        journaled before finals had `end_byte`)."""
+        if self.end is not None:
+            return int(self.end.get("received_bytes", 0))
+        if not self.finals:
+            return 0
+        return self.finals[-1].end_byte
+
+    def last_written(self) -> str:
+        """When the session's newest record was written (ISO 8601)."""
+        for record in reversed(self.records):
+            at = record.get("at") or record.get("started")
+            if isinstance(at, str):
+                return at
+        return self.started
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
@@ -121,6 +149,7 @@ def _session_of(stem: str, parts: list[Path]) -> JournalSession:
             language=r.get("language"),
             words=_words(r),
             speaker=_speaker(r.get("speaker")),
+            end_byte=_end_byte(r.get("end_byte")),
         )
         for r in records
         if r.get("type") == "final" and r.keys() >= _FINAL_KEYS
@@ -189,6 +218,10 @@ def _variant_from(value: object) -> str | None:
     """A journal header's Chinese variant; None (the daemon's) for one this version does not
     know, or a header written before variants were kept."""
     return value if isinstance(value, str) and (value == "" or value in VARIANTS) else None
+
+
+def _end_byte(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _speaker(value: Any) -> int | None:

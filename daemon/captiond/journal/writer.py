@@ -7,12 +7,25 @@ a line with a future and awaits it. The writer thread (`captiond-journal`, the o
 touches journal files) drains the queue, writes every line, fsyncs each touched file once (group
 commit), then resolves the futures through `call_soon_threadsafe`. Reading the files back is
 journal/reader.py's.
+
+Which daemon owns a session: several instances may share one `[journal] dir` (a folder on NFS
+or a ReadWriteMany volume) so that any of them can take a session back, and exactly one may
+write a session at a time. The owner holds an exclusive `flock` on the session's first part file
+(`<stem>.jsonl`, which every session has, opened once, read-only, for the lock alone) from its
+first line until its end record (`Ownership`); an instance that wants the session takes the same
+lock without waiting first, and only then reads whether it may go on. The kernel drops the lock
+when the owner's process dies however it dies (kill -9 included), so a crashed instance's
+sessions are free at once and nothing has to expire. Linux's NFS client turns `flock` into an
+NFS lock, which the server holds for the client host (NFSv4: a dead host's locks go after its
+lease time). A new session's lock is taken on the writer thread; a take-back's on a thread of
+the event loop's (`asyncio.to_thread`), before it reads the session.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
 import math
@@ -48,6 +61,46 @@ class JournalError(CaptiondError):
     """A journal file could not be written or read."""
 
 
+class SessionOwnedError(JournalError):
+    """Another live process holds the session."""
+
+
+class Ownership:
+    """The lock on one session's first file, held until `release`."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+
+    @classmethod
+    def take(cls, path: Path) -> Ownership:
+        """The session whose first file is `path`, now ours; SessionOwnedError when a live
+        process holds it, JournalError when the file cannot be opened."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise JournalError(f"cannot open {str(path)!r}: {exc.strerror}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise SessionOwnedError(f"{path.name} is held by a live daemon") from None
+        except OSError as exc:
+            os.close(fd)
+            raise JournalError(f"cannot lock {str(path)!r}: {exc.strerror}") from exc
+        return cls(fd)
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Let the session go (closing the file drops the lock); a second call does nothing."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -76,6 +129,7 @@ class _SessionFile:
     fd: int | None = None
     path: Path | None = None
     size_bytes: int = 0
+    owner: Ownership | None = None  # held from the first line to the end record
 
 
 @dataclass(slots=True)
@@ -106,6 +160,7 @@ class Journal:
         self._started = False
         self._stopping = False
         self._open: set[_SessionFile] = set()  # writer thread only
+        self._owned: set[_SessionFile] = set()  # writer thread only: their locks are held
         self._dir_dirty = False  # writer thread only
         self._thread = threading.Thread(target=self._run, name="captiond-journal", daemon=True)
 
@@ -142,18 +197,20 @@ class Journal:
         engine: str,
         stream: dict[str, Any] | None = None,
         continues: str | None = None,
+        owner: Ownership | None = None,
     ) -> SessionJournal:
         """Start a session's file (its header line is written without waiting). `stream` is
         what a restarted daemon needs to take the session back (audio format, the resume
-        token's hash); `continues` is the file stem of a session taken back after a restart,
-        which goes on in its next part."""
+        token's hash); `continues` is the file stem of a session taken back (after a restart,
+        or from another instance), which goes on in its next part, and `owner` the lock taken
+        on it; a new session's lock is taken with its first file."""
         started = _now()
         safe_id = file_safe_id(session)
         header: dict[str, Any] = {"type": "session", "session": session, "part": 0}
         header.update(started=_iso(started), peer=peer, source=source, language=language)
         header.update(model=model, engine=engine, **(stream or {}))
         stem = continues or f"{started:%Y%m%dT%H%M%SZ}-{safe_id}"
-        target = _SessionFile(stem=stem, header=header)
+        target = _SessionFile(stem=stem, header=header, owner=owner)
         self._put(_Item(target, None))
         return SessionJournal(self, target)
 
@@ -188,6 +245,8 @@ class Journal:
                     _settle(item, JournalError(f"journal writer failed: {exc}"))
         for target in list(self._open):
             self._close(target)
+        for target in list(self._owned):
+            self._release(target)
 
     def _commit(self, batch: list[_Item]) -> None:
         """Write every line, fsync each touched file (and the folder) once, then resolve."""
@@ -205,6 +264,8 @@ class Journal:
                 if item.last or target.size_bytes >= self._config.max_file_bytes:
                     self._sync(target, dirty.pop(target, []), failed)
                     self._close(target)
+                if item.last:
+                    self._release(target)  # the end record is on disk: another may take it
             except OSError as exc:
                 failed[id(item)] = JournalError(f"journal write failed: {exc}")
                 # A torn line may end the part: go on in a fresh part.
@@ -248,6 +309,13 @@ class Journal:
         target.next_part += 1
         target.fd, target.path, target.size_bytes = fd, path, 0
         self._open.add(target)
+        if target.owner is None:
+            try:
+                target.owner = Ownership.take(path)  # a new file: no one else can hold it yet
+            except JournalError as exc:
+                log.warning("journal %s: %s; the session is not locked", target.stem, exc)
+        if target.owner is not None:
+            self._owned.add(target)
         self._dir_dirty = True
         _write_all(target, _line({**target.header, "part": part}))
         if time.monotonic() - self._retained_at_s < self._retain_every_s:
@@ -263,6 +331,11 @@ class Journal:
             fd, target.fd = target.fd, None
             with contextlib.suppress(OSError):  # already fsync'd, or already failed
                 os.close(fd)
+
+    def _release(self, target: _SessionFile) -> None:
+        self._owned.discard(target)
+        if target.owner is not None:
+            target.owner.release()
 
     def _retain(self) -> None:
         """Delete files older than max_age_days, then the oldest while over max_total_bytes."""
@@ -331,20 +404,24 @@ class SessionJournal:
         self._closed = False
         self._failed_finals = 0  # the current run of finals `record_final` could not write
 
-    async def append_final(self, final: Final) -> None:
-        """Return once the final's line is written and fsync'd (JournalError if it is not)."""
+    async def append_final(self, final: Final, *, end_byte: int | None = None) -> None:
+        """Return once the final's line is written and fsync'd (JournalError if it is not).
+        `end_byte`: where in the client's audio (bytes it sent) the final ends; a session taken
+        back after its daemon died asks the client to send again from there."""
         if self._closed:
             raise JournalError("the session's journal is closed")
         record = {**final.to_dict(), "at": _iso(_now())}
+        if end_byte is not None:
+            record["end_byte"] = end_byte
         await self._journal._write(self._target, record, last=False)
 
-    async def record_final(self, final: Final) -> None:
+    async def record_final(self, final: Final, *, end_byte: int | None = None) -> None:
         """`append_final` for a live stream, whose captions go on whatever the disk does: a
         failure (disk full) is logged, not raised, and the next final tries again, in a fresh
         part (the writer closed the torn one). A run of failures is logged when it starts and
         when the journal writes again, so a full disk does not log once per final."""
         try:
-            await self.append_final(final)
+            await self.append_final(final, end_byte=end_byte)
         except JournalError as exc:
             if self._failed_finals == 0:
                 log.error("journal %s: %s; trying again with each final", self._target.stem, exc)

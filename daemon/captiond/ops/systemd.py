@@ -161,6 +161,9 @@ class _UnitSpec:
     environment: str
     hardening: str
     wanted_by: str
+    # `serve` options after --config: the template's instance name (its session ids' prefix,
+    # which a load balancer in front of the GPUs reads: deploy/haproxy).
+    options: str = ""
 
 
 _SPECS = {
@@ -188,6 +191,7 @@ _SPECS = {
         environment="Environment=CUDA_VISIBLE_DEVICES=%i\n",
         hardening=_hardening("captiond/%i"),
         wanted_by="multi-user.target",
+        options=" --instance gpu%i",
     ),
 }
 
@@ -204,7 +208,7 @@ After={spec.after}
 [Service]
 Type=notify
 NotifyAccess=main
-ExecStart={exec_path} serve --config {spec.config}
+ExecStart={exec_path} serve --config {spec.config}{spec.options}
 {spec.environment}Restart=on-failure
 RestartSec=5
 # Exit 2 is a configuration mistake, which no restart fixes; 1 (the port still held, say) may be

@@ -467,10 +467,18 @@ class LiveStream:
                 if isinstance(message, Final):
                     self.held.add(message)
                     if self.journal is not None:
-                        await self.journal.record_final(message)
+                        await self.journal.record_final(message, end_byte=self._end_byte(message))
                 if self._conn is not None:
                     with contextlib.suppress(ConnectionClosed):  # its reader sees the drop
                         await _send(self._conn, self._dialect, message)
+
+    def _end_byte(self, final: Final) -> int:
+        """Where `final` ends in the client's audio, in bytes: what it sent so far, less the
+        audio the session has had since the final's end (a whole sample)."""
+        params = self.session.params
+        behind_ms = max(0, self.session.audio_ms - final.end_ms)
+        behind_samples = behind_ms * params.sample_rate_hz // 1000
+        return max(0, self.received_bytes - behind_samples * params.bytes_per_sample)
 
     def _observe(self, message: object) -> None:
         now_s = asyncio.get_running_loop().time()

@@ -47,10 +47,18 @@ from captiond.errors import (
     OverloadedError,
     ResumeFailedError,
     SessionError,
+    ShuttingDownError,
     SourceNotFoundError,
 )
 from captiond.journal.reader import JournalSession, find_session
-from captiond.journal.writer import JOURNAL_FILE_NAME, Journal, JournalError, open_journal
+from captiond.journal.writer import (
+    JOURNAL_FILE_NAME,
+    Journal,
+    JournalError,
+    Ownership,
+    SessionOwnedError,
+    open_journal,
+)
 from captiond.ops.memory import trim_after_peaks
 from captiond.ops.metrics import Metrics
 from captiond.server.access import (
@@ -59,7 +67,7 @@ from captiond.server.access import (
 from captiond.server.connection import AnsweringConnection, LiveStream, send_error
 from captiond.server.handshake import AnsweringProtocol
 from captiond.server.http import HttpAnswers
-from captiond.server.resume import MAX_HELD_FINALS, ResumeKey, session_of_token
+from captiond.server.resume import MAX_HELD_FINALS, ResumeKey, session_id, session_of_token
 from captiond.server.routing import WorkerSlot
 from captiond.sources.capture import microphone
 from captiond.sources.daemon import AudioInput, daemon_sources
@@ -134,9 +142,14 @@ class Daemon:
             config,
             self.metrics,
             unhealthy=self._unhealthy,
+            not_ready=self._not_ready,
             check_query=self._stream_params,
         )
         self._server: Server | None = None
+        self._taking_back: dict[str, asyncio.Lock] = {}  # session id: its take-back's
+        # Set when the shutdown begins: /readyz fails and new connections are refused, while
+        # the live streams get their last finals (`shutdown`).
+        self.draining = False
         self.sessions_total = 0
 
     def _share(self, limit: int) -> int:
@@ -163,6 +176,15 @@ class Daemon:
         if self._slot is None and not self.healthy(HEALTHY_WITHIN_S):
             return f"no heartbeat from the engine for over {HEALTHY_WITHIN_S:g} s"
         return ""
+
+    def _not_ready(self) -> str:
+        """Why /readyz fails now ("": this instance takes new streams): the engine is not
+        alive, or the daemon drains for its shutdown. A full daemon is still ready: a load
+        balancer caps each instance's connections itself (deploy/haproxy), and the sessions it
+        holds must still be able to come back to it."""
+        if self.draining:
+            return "draining: no new streams"
+        return self._unhealthy()
 
     @property
     def sessions_open(self) -> int:
@@ -242,11 +264,15 @@ class Daemon:
         await asyncio.get_running_loop().connect_accepted_socket(self._new_connection, sock)
 
     async def shutdown(self) -> None:
-        """Stop accepting, finalize every open stream (last finals sent) and close it with
-        1001; whatever is still open after `[server] drain_timeout_s` is cut off."""
+        """Drain: /readyz fails and every new connection is refused with `shutting_down`
+        (1001; the client goes to another instance), while every open stream is finalized
+        (last finals sent and journaled) and closed with 1001; then stop listening. Whatever
+        is still open after `[server] drain_timeout_s` is cut off. The port stays open while
+        the streams finish so that a load balancer's health check sees the instance drain
+        (503) rather than vanish."""
         if self._server is None:
             return
-        self._server.close(close_connections=False)
+        self.draining = True
         for live in list(self._live.values()):
             live.end_for_shutdown()
         with contextlib.suppress(TimeoutError):
@@ -256,6 +282,7 @@ class Daemon:
                     await asyncio.sleep(0.05)
                 self._server.close(close_connections=True)  # viewers, stragglers: 1001
                 await self._server.wait_closed()
+        self._server.close(close_connections=False)  # past the timeout: stop listening now
         for conn in self._server.connections:  # a client that never completes its close
             if conn.transport is not None:
                 conn.transport.abort()
@@ -276,6 +303,10 @@ class Daemon:
         if isinstance(conn, AnsweringConnection):
             conn.dialect = dialect
         ip = str(conn.remote_address[0]) if conn.remote_address else "?"
+        if self.draining:
+            self.metrics.refused.labels(reason="draining").inc()
+            await send_error(conn, ShuttingDownError("the daemon is shutting down"), dialect)
+            return
         if not self._per_ip.try_open(ip):
             self.metrics.refused.labels(reason="connections per IP").inc()
             limit = self.config.server.max_sessions_per_ip
@@ -359,8 +390,10 @@ class Daemon:
         origin: StreamOrigin | None = None,
         received_bytes: int = 0,
         continues: str | None = None,
+        owner: Ownership | None = None,
     ) -> LiveStream:
-        """A new live stream (or one taken back from the journal), its pump started."""
+        """A new live stream (or one taken back from the journal, with its lock), its pump
+        started."""
         if self.sessions_open >= self._max_sessions:
             self.metrics.refused.labels(reason="session limit").inc()
             raise OverloadedError(
@@ -396,6 +429,7 @@ class Daemon:
                     "resume_sha256": resume_key.secret_sha256 if resume_key else None,
                 },
                 continues=continues,
+                owner=owner,
             )
         live = LiveStream(
             session_id=session_id,
@@ -417,7 +451,10 @@ class Daemon:
         return live
 
     def _new_session_id(self) -> str:
-        return self._slot.new_session_id() if self._slot else uuid.uuid4().hex[:12]
+        instance = self.config.server.instance
+        if self._slot:
+            return self._slot.new_session_id(instance)
+        return session_id(instance, uuid.uuid4().hex[:12])
 
     def _ready(self, live: LiveStream, token: str | None) -> Ready:
         engine = self.decoder.engine_info
@@ -482,12 +519,15 @@ class Daemon:
         live = self._live.get(session_id)
         gap_ms = None
         if live is None:
-            found = await self._journaled(session_id)
-            # Another resume of it may have taken it back from the journal while this one
-            # read: then this one takes it over from that one, as from memory.
-            live = self._live.get(session_id)
-            if live is None:
-                live, gap_ms = self._from_journal(conn, found, resume)
+            # One take-back of a session at a time here: a second resume of it waits, then
+            # takes it over from the first, as from memory.
+            taking = self._taking_back.setdefault(session_id, asyncio.Lock())
+            try:
+                async with taking:
+                    live, gap_ms = await self._from_journal_once(conn, session_id, resume)
+            finally:
+                if not taking.locked():
+                    self._taking_back.pop(session_id, None)
         if gap_ms is None:
             if live.resume_key is None or not live.resumable:
                 raise ResumeFailedError(f"session {session_id} has ended")
@@ -513,28 +553,81 @@ class Daemon:
         await live.serve(conn, dialect, resumed, resume=True, since=resume.since)
         return live
 
-    async def _journaled(self, session_id: str) -> JournalSession:
-        """The journal's record of a session this daemon does not hold (read on a thread)."""
+    async def _from_journal_once(
+        self, conn: ServerConnection, session_id: str, resume: ResumeRequest
+    ) -> tuple[LiveStream, int | None]:
+        """The session from memory if an earlier resume took it back meanwhile (no gap yet),
+        else taken back from the journal (`_from_journal`) with the gap since it stopped."""
+        live = self._live.get(session_id)
+        if live is not None:
+            return live, None
+        found, owner = await self._journaled(session_id)
+        live = self._live.get(session_id)
+        if live is not None:
+            if owner is not None:
+                owner.release()
+            return live, None
+        if owner is None:
+            # Its journal is locked by another live daemon (a load balancer sent the resume
+            # here while the instance that holds it still runs): the client tries again, and
+            # is sent there or finds it let go (drained, or dead).
+            self.metrics.refused.labels(reason="session held elsewhere").inc()
+            raise OverloadedError(f"session {session_id} is held by another instance")
+        try:
+            return self._from_journal(conn, found, resume, owner)
+        except BaseException:
+            owner.release()
+            raise
+
+    async def _journaled(self, session_id: str) -> tuple[JournalSession, Ownership | None]:
+        """The journal's record of a session this daemon does not hold and, unless another
+        live daemon holds it, the session's lock, taken before the record is read (on a
+        thread: the folder may be on NFS)."""
         if self._journal is None:
             raise ResumeFailedError(f"unknown session {session_id} (no journal to resume from)")
+        folder = self._journal.dir
+
+        def read() -> tuple[JournalSession, Ownership | None]:
+            first = find_session(folder, session_id)
+            try:
+                owner = Ownership.take(first.files[0])
+            except SessionOwnedError:
+                return first, None
+            try:
+                # Read again under the lock: its last owner may have written since.
+                return find_session(folder, session_id), owner
+            except BaseException:
+                owner.release()
+                raise
+
         try:
-            return await asyncio.to_thread(find_session, self._journal.dir, session_id)
+            return await asyncio.to_thread(read)
         except JournalError:
             raise ResumeFailedError(f"unknown session {session_id}") from None
 
     def _from_journal(
-        self, conn: ServerConnection, found: JournalSession, resume: ResumeRequest
+        self,
+        conn: ServerConnection,
+        found: JournalSession,
+        resume: ResumeRequest,
+        owner: Ownership,
     ) -> tuple[LiveStream, int]:
-        """A session the daemon stopped (close 1001) less than `resume_s` ago, taken back from
-        its journal: finals, stream clock and segment numbers continue; its earlier text is
-        the prompt; its audio is gone. Also the gap since it stopped."""
+        """A session taken back from its journal, whose lock `owner` this daemon now holds:
+        one a daemon stopped (close 1001), or one whose daemon died (no end record: nobody
+        else holds its lock), less than `resume_s` ago. Its finals, stream clock and segment
+        numbers continue; its earlier text is the prompt; its audio is gone (after a death,
+        the client sends again what came after the last final). Also the gap since then."""
         session_id = session_of_token(resume.token)
         header, end = found.header, found.end
-        if found.session != session_id or end is None or end.get("close_code") != CLOSE_GOING_AWAY:
+        stopped = end is not None and end.get("close_code") == CLOSE_GOING_AWAY
+        died = end is None
+        resume_bytes = found.resume_bytes()
+        if found.session != session_id or not (stopped or died) or resume_bytes is None:
             raise ResumeFailedError(f"session {session_id} cannot be resumed")
         key = ResumeKey(session=session_id, secret_sha256=str(header.get("resume_sha256")))
         key.check(resume.token)
-        gap_s = (datetime.now(UTC) - datetime.fromisoformat(str(end["at"]))).total_seconds()
+        since = str(end["at"]) if end is not None else found.last_written()
+        gap_s = (datetime.now(UTC) - datetime.fromisoformat(since)).total_seconds()
         if gap_s > self.config.server.resume_s:
             raise ResumeFailedError(f"session {session_id} stopped {gap_s:.0f} s ago")
         params = found.stream_params()
@@ -547,9 +640,12 @@ class Daemon:
             params,
             resume_key=key,
             origin=origin,
-            received_bytes=int(end.get("received_bytes", 0)),
+            received_bytes=resume_bytes,
             continues=JOURNAL_FILE_NAME.match(found.files[0].name)["stem"],  # type: ignore[index]
+            owner=owner,
         )
+        if died:
+            log.warning("session %s taken back from the journal: its daemon died", session_id)
         for final in found.finals[-MAX_HELD_FINALS:]:
             live.held.add(
                 Final(

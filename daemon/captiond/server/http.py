@@ -125,9 +125,20 @@ def static_response(path: str, request_headers: Headers) -> Response | None:
 __all__ = ["ROUTES", "StaticFile", "load", "static_response"]
 
 
+# Liveness (the engine answers) and readiness (it also takes new streams: not draining).
+PROBES = ("/healthz", "/readyz")
+
+
+def probe_answer(path: str, why_not: str) -> tuple[http.HTTPStatus, str]:
+    """A probe's status and one-line body: 200 "ok" ("ready"), or 503 and why not."""
+    if why_not:
+        return http.HTTPStatus.SERVICE_UNAVAILABLE, why_not + "\n"
+    return http.HTTPStatus.OK, ("ok" if path == "/healthz" else "ready") + "\n"
+
+
 class HttpAnswers:
     """What the daemon answers over plain HTTP, before a websocket upgrade or instead of one:
-    /healthz, /metrics, the page's files, and refusals of a websocket request whose origin,
+    /healthz, /readyz, /metrics, the page's files, and refusals of a websocket request whose origin,
     token or query is refused (in the endpoint's own protocol's form where it has one).
     Event-loop thread (websockets calls `process_request` there)."""
 
@@ -137,12 +148,15 @@ class HttpAnswers:
         metrics: Metrics,
         *,
         unhealthy: Callable[[], str],
+        not_ready: Callable[[], str],
         check_query: Callable[[Dialect], object],
     ) -> None:
         self._config = config
         self._metrics = metrics
-        # Why /healthz fails ("": it does not); with workers the pool answers it (workers/).
+        # Why /healthz (alive) and /readyz (takes new streams) fail ("": they do not); with
+        # workers the pool answers both (workers/).
         self._unhealthy = unhealthy
+        self._not_ready = not_ready
         # Parses a dialect's stream parameters, raising SessionError for a bad query.
         self._check_query = check_query
         self._machine_names = machine_names()  # the names its own page may be reached by
@@ -163,11 +177,10 @@ class HttpAnswers:
 
     def _answer_request(self, connection: ServerConnection, request: Request) -> Response | None:
         url = urlsplit(request.path)
-        if url.path == "/healthz":
-            unhealthy = self._unhealthy()
-            if unhealthy:
-                return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, unhealthy + "\n")
-            return connection.respond(http.HTTPStatus.OK, "ok\n")
+        if url.path in PROBES:
+            why = self._unhealthy() if url.path == "/healthz" else self._not_ready()
+            status, body = probe_answer(url.path, why)
+            return connection.respond(status, body)
         endpoint = ENDPOINTS.get(url.path)
         if endpoint is not None or url.path in ("/v1/captions", "/metrics"):
             try:

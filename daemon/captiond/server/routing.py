@@ -7,9 +7,9 @@ With `[server] workers` > 1 the main process accepts every connection and hands 
 - viewers of daemon-side sources (`/v1/captions`) go to worker `SOURCES_WORKER`, which runs the
   sources;
 - everything else goes round the workers in turn.
-A worker owns the sessions whose id, read as a hexadecimal number, is its index modulo the
-worker count: ids carry their owner without a lookup, and after a restart any worker can take
-a journaled session back.
+A worker owns the sessions whose id, read as a hexadecimal number (after the instance's
+prefix, resume.session_number), is its index modulo the worker count: ids carry their owner
+without a lookup, and after a restart any worker can take a journaled session back.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlsplit
 
 from captiond.errors import ResumeFailedError
-from captiond.server.resume import session_of_token
+from captiond.server.resume import session_id, session_number, session_of_token
 
 SOURCES_WORKER = 0
 # The request line is the first line of what a client sends: a longer one is refused by
@@ -40,11 +40,11 @@ class WorkerSlot:
     def owns(self, session_id: str) -> bool:
         return worker_of_session(session_id, self.count) == self.index
 
-    def new_session_id(self) -> str:
+    def new_session_id(self, instance: str = "") -> str:
         # About `count` draws: ids stay 12 random hex digits, as in a single process.
-        while not self.owns(session_id := uuid.uuid4().hex[:12]):
+        while not self.owns(number := uuid.uuid4().hex[:12]):
             pass
-        return session_id
+        return session_id(instance, number)
 
     def share(self, limit: int) -> int:
         """This worker's part of a daemon-wide limit (connections are spread evenly)."""
@@ -55,11 +55,11 @@ class WorkerSlot:
         return self.index == SOURCES_WORKER
 
 
-def worker_of_session(session_id: str, count: int) -> int:
+def worker_of_session(session: str, count: int) -> int:
     try:
-        return int(session_id, 16) % count
+        return int(session_number(session), 16) % count
     except ValueError:  # not one of ours: any worker will refuse it the same way
-        return zlib.crc32(session_id.encode()) % count
+        return zlib.crc32(session.encode()) % count
 
 
 def request_target(head: bytes) -> str | None:

@@ -46,6 +46,7 @@ from captiond.decoding.core import EngineCore
 from captiond.decoding.scheduler import HEALTHY_WITHIN_S, InferenceScheduler
 from captiond.errors import CaptiondError
 from captiond.ops.memory import trim_after_peaks
+from captiond.server.http import PROBES, probe_answer
 from captiond.server.routing import MAX_REQUEST_LINE_BYTES, request_target, worker_for
 
 log = logging.getLogger(__name__)
@@ -336,8 +337,9 @@ class WorkerPool:
                     target = await _peek_request_target(conn)
                     if target is None:
                         return  # the client left before its request
-                    if urlsplit(target).path == "/healthz":
-                        await _answer_plain(conn, *self._health())
+                    path = urlsplit(target).path
+                    if path in PROBES:
+                        await _answer_plain(conn, *probe_answer(path, self._why_not(path)))
                         return
                     worker = self._workers[
                         worker_for(target, len(self._workers), self._next_in_turn())
@@ -352,17 +354,16 @@ class WorkerPool:
             except OSError as exc:  # its queue is full or it just died: the client retries
                 log.warning("could not hand a connection to worker %d: %s", worker.index, exc)
 
-    def _health(self) -> tuple[HTTPStatus, str]:
-        """`/healthz`, answered here: a worker sees the engine only through its answers, and
-        an idle engine answers nothing."""
+    def _why_not(self, probe: str) -> str:
+        """Why `/healthz` or `/readyz` fails ("": it does not), answered here: a worker sees
+        the engine only through its answers, and an idle engine answers nothing."""
+        if probe == "/readyz" and self._stopping:
+            return "draining: no new streams"
         if not self.healthy(HEALTHY_WITHIN_S):
-            return (
-                HTTPStatus.SERVICE_UNAVAILABLE,
-                f"no heartbeat from the engine for over {HEALTHY_WITHIN_S:g} s\n",
-            )
+            return f"no heartbeat from the engine for over {HEALTHY_WITHIN_S:g} s"
         if not any(w.ready.is_set() for w in self._workers):
-            return HTTPStatus.SERVICE_UNAVAILABLE, "no worker is ready\n"
-        return HTTPStatus.OK, "ok\n"
+            return "no worker is ready"
+        return ""
 
     def _next_in_turn(self) -> int:
         self._turn = (self._turn + 1) % len(self._workers)

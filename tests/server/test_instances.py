@@ -1,0 +1,200 @@
+"""Several daemons as one service: instance names in session ids, a journal folder they share
+(a session is never held by two; one let go, or whose daemon died, is taken back by another),
+and the drain a stop begins with (/readyz fails, new streams are sent elsewhere). HAProxy in
+front of real processes: tests/deploy/test_haproxy.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from daemon_harness import (
+    collect,
+    drop,
+    make_config,
+    recv_until,
+    resume_url,
+    running_daemon,
+    tone_bursts,
+    url,
+)
+from websockets.asyncio.client import connect
+
+from captiond.config import Config
+from captiond.engines.fake import FakeEngine
+from captiond.errors import ConfigError
+from captiond.journal.reader import find_session
+from captiond.journal.writer import Ownership, SessionOwnedError
+from captiond.server.resume import session_of_token
+from captiond.server.routing import WorkerSlot, worker_of_session
+
+FOUR_BURSTS = tone_bursts([0.6, 0.6, 0.6, 0.6], gap_s=1.0)
+RATE = 16_000
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def _finals(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [m for m in messages if m["type"] == "final"]
+
+
+def _shared(tmp_path: Path, instance: str, **server: Any) -> Config:
+    """An instance of a set that shares one journal folder."""
+    return make_config(
+        server={"instance": instance, "drop_grace_s": 30.0, **server},
+        journal={"dir": str(tmp_path / "journal")},
+    )
+
+
+def test_session_ids_start_with_the_instance_name() -> None:
+    async def scenario() -> None:
+        async with (
+            running_daemon(make_config(server={"instance": "gpu1"})) as daemon,
+            connect(url(daemon)) as conn,
+        ):
+            ready = json.loads(await conn.recv())
+        assert ready["session"].startswith("gpu1_")
+        assert session_of_token(ready["resume_token"]) == ready["session"]
+
+    run(scenario())
+    # Workers route on the number after the name, as they do without one.
+    slot = WorkerSlot(index=2, count=3)
+    session = slot.new_session_id("gpu1")
+    assert session.startswith("gpu1_") and worker_of_session(session, 3) == 2
+
+
+@pytest.mark.parametrize("name", ["GPU1", "gpu_1", "-gpu", "gpu-", "a" * 41])
+def test_an_instance_name_that_is_no_dns_label_is_refused(name: str) -> None:
+    from captiond.config import config_from_mapping
+
+    with pytest.raises(ConfigError, match="instance"):
+        config_from_mapping({"server": {"instance": name}})
+
+
+def test_a_session_is_never_held_by_two_instances(tmp_path: Path) -> None:
+    """Instance b is asked for a session that instance a still holds (its client away, a
+    resume sent to the wrong instance): b refuses with `overloaded` (1013, which clients
+    retry) and writes nothing. Once a stops (its last finals, 1001), b takes it back."""
+
+    async def scenario() -> None:
+        async with (
+            running_daemon(_shared(tmp_path, "a")) as a,
+            running_daemon(_shared(tmp_path, "b")) as b,
+        ):
+            conn = await connect(url(a))
+            ready = json.loads(await conn.recv())
+            await conn.send(FOUR_BURSTS[: 2 * RATE].tobytes())
+            before = _finals(await recv_until(conn, "final", 1))
+            drop(conn)
+            await asyncio.sleep(0.2)
+            token = ready["resume_token"]
+            async with connect(resume_url(url(b), token)) as wrong:
+                refused = json.loads(await wrong.recv())
+                await wrong.wait_closed()
+            assert refused["code"] == "overloaded" and wrong.close_code == 1013
+            files = sorted(p.name for p in (tmp_path / "journal").iterdir())
+            assert len(files) == 1, files  # b wrote no part of a's session
+            await a.shutdown()
+            async with connect(resume_url(url(b), token, since=0)) as back:
+                resumed = json.loads(await back.recv())
+                replay = _finals(await recv_until(back, "final", 1))
+        assert resumed["type"] == "resumed"
+        assert [f["text"] for f in replay] == [f["text"] for f in before]
+        session = find_session(tmp_path / "journal", ready["session"])
+        assert [f.segment for f in session.finals] == [f["segment"] for f in before]
+
+    run(scenario())
+
+
+def test_a_session_whose_daemon_died_is_taken_back_from_its_last_final(tmp_path: Path) -> None:
+    """No end record and no lock (its daemon died: here, its lock let go without one): the
+    session is taken back from its last journaled final, and the client is told to send the
+    audio after that final again (`received_bytes`, in whole samples)."""
+
+    async def scenario() -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+        async with running_daemon(_shared(tmp_path, "b")) as b:
+            journal_dir = tmp_path / "journal"
+            async with running_daemon(_shared(tmp_path, "a")) as a:
+                conn = await connect(url(a))
+                ready = json.loads(await conn.recv())
+                await conn.send(FOUR_BURSTS[: int(3.5 * RATE)].tobytes())
+                finals = _finals(await recv_until(conn, "final", 2))
+                # What a crash leaves: the lock is gone with the process, no end record.
+                session = find_session(journal_dir, ready["session"])
+                for live in list(a._live.values()):
+                    assert live.journal is not None
+                    target = live.journal._target
+                    assert target.owner is not None
+                    target.owner.release()
+                    live.journal._closed = True  # the dead daemon writes no end record
+                assert session.end is None
+                async with connect(resume_url(url(b), ready["resume_token"], since=0)) as back:
+                    resumed = json.loads(await back.recv())
+                    replay = _finals(await recv_until(back, "final", 2))
+                drop(conn)
+        return resumed, replay, {"finals": finals}
+
+    resumed, replay, seen = run(scenario())
+    assert resumed["type"] == "resumed"
+    last = seen["finals"][-1]
+    assert resumed["audio_ms"] == last["end_ms"]
+    assert resumed["received_bytes"] == last["end_ms"] * RATE // 1000 * 2
+    assert [f["text"] for f in replay] == [f["text"] for f in seen["finals"]]
+
+
+def test_ownership_is_one_lock_per_session_file(tmp_path: Path) -> None:
+    first = tmp_path / "20261206T000000Z-a_0123456789ab.jsonl"
+    first.write_text("")
+    held = Ownership.take(first)
+    with pytest.raises(SessionOwnedError):
+        Ownership.take(first)
+    held.release()
+    again = Ownership.take(first)
+    assert again.held
+    again.release()
+    assert not again.held
+
+
+def test_a_draining_daemon_is_not_ready_and_sends_new_streams_away() -> None:
+    """While a stop drains the streams (here one whose last decode takes a second): /readyz
+    answers 503, /healthz stays 200 (alive: no restart), and a new stream gets
+    `shutting_down` (1001), which clients take to another instance."""
+
+    async def scenario() -> None:
+        async with running_daemon(engine=FakeEngine(delay_s=1.0)) as daemon:
+            base = f"http://127.0.0.1:{daemon.port}"
+            assert await asyncio.to_thread(_get, base + "/readyz") == (200, "ready\n")
+            conn = await connect(url(daemon))
+            await conn.recv()
+            await conn.send(FOUR_BURSTS[:RATE].tobytes())
+            await asyncio.sleep(0.3)
+            stopping = asyncio.create_task(daemon.shutdown())
+            await asyncio.sleep(0.2)
+            assert await asyncio.to_thread(_get, base + "/readyz") == (
+                503,
+                "draining: no new streams\n",
+            )
+            assert (await asyncio.to_thread(_get, base + "/healthz"))[0] == 200
+            async with connect(url(daemon)) as late:
+                refused = json.loads(await late.recv())
+                await late.wait_closed()
+            assert refused["code"] == "shutting_down" and late.close_code == 1001
+            ex = await collect(conn)
+            await stopping
+        assert ex.of("error")[-1]["code"] == "shutting_down"
+
+    run(scenario())
+
+
+def _get(target: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(target, timeout=5) as answer:
+            return int(answer.status), answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
