@@ -71,6 +71,15 @@ class ServerConfig:
     # name): its session ids start `<instance>_`, so that a resume can be sent back to it
     # (server/resume.py). "": one daemon, no prefix.
     instance: str = ""
+    # A new stream is admitted only while the 90th-percentile partial lag of the last 5 s (wall
+    # time since each partial's audio arrived) is at most this (server/load.py); past it,
+    # `overloaded` (1013) and, with `agent_port`, HAProxy is told to send new streams elsewhere.
+    # 0 (the default): admit while there are session slots, as a lone daemon that clients
+    # also send files to faster than real time (a backlog they chose) should.
+    max_lag_ms: float = 0.0
+    # HAProxy's agent check (`agent-check agent-port N`): a line saying whether this instance
+    # takes new streams (server/load.py). 0: no agent.
+    agent_port: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -441,6 +450,8 @@ RANGES: dict[type[Any], dict[str, Range]] = {
         "resume_s": Range(0, _MAX_RESUME_S),
         "drop_grace_s": Range(0, _MAX_RESUME_S),
         "workers": Range(1, _MAX_WORKERS),
+        "max_lag_ms": _NON_NEGATIVE,
+        "agent_port": Range(0, 65_535, why="0: no agent"),
     },
     VadConfig: {
         "aggressiveness": Range(0, 3, why="webrtcvad's modes"),

@@ -4,8 +4,9 @@
 #
 #   deploy/haproxy/run-local.sh --instances 3 --port 9000 [--state DIR] [-- SERVE OPTIONS...]
 #
-# HAProxy listens on PORT and instance i (named i1 ... iN) on PORT+i, all with one journal
-# folder (DIR/journal), so that any instance can take a session back. Options after `--` go to
+# HAProxy listens on PORT and instance i (named i1 ... iN) on PORT+i, its HAProxy agent on
+# PORT+N+i, all with one journal folder (DIR/journal), so that any instance can take a session
+# back. Options after `--` go to
 # every `captiond serve` (e.g. `--engine fake`; `--max-sessions N` also becomes each server's
 # maxconn). An instance that exits is started again (as systemd's Restart= would): SIGTERM one
 # for a rolling restart; while DIR/iK.hold exists, instance K is not started again. DIR
@@ -23,7 +24,7 @@ while (($#)); do
         --port) port="$2"; shift 2 ;;
         --state) state="$2"; shift 2 ;;
         --) shift; serve_options=("$@"); break ;;
-        -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "run-local.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -31,8 +32,8 @@ if ! [[ "$instances" =~ ^[1-9][0-9]*$ && "$port" =~ ^[1-9][0-9]*$ ]]; then
     echo "run-local.sh: --instances and --port take positive numbers" >&2
     exit 2
 fi
-if ((port + instances > 65535)); then
-    echo "run-local.sh: ports $port to $((port + instances)) do not all exist" >&2
+if ((port + 2 * instances > 65535)); then
+    echo "run-local.sh: ports $port to $((port + 2 * instances)) do not all exist" >&2
     exit 2
 fi
 for tool in captiond haproxy; do
@@ -57,7 +58,7 @@ for ((i = 1; i <= instances; i++)); do
     echo "    use-server i$i if { urlp(resume) -m beg i${i}_ } || { var(txn.instance) -m str i$i }" >>"$servers"
 done
 for ((i = 1; i <= instances; i++)); do
-    echo "    server i$i 127.0.0.1:$((port + i))" >>"$servers"
+    echo "    server i$i 127.0.0.1:$((port + i)) agent-port $((port + instances + i))" >>"$servers"
 done
 awk -v servers="$servers" -v port="$port" -v maxconn="$maxconn" '
     /# BEGIN SERVERS/ { print; while ((getline line < servers) > 0) print line; skip = 1; next }
@@ -84,7 +85,8 @@ trap stop INT TERM EXIT
 # One instance, started again whenever it exits, until the script stops.
 instance() {
     local i="$1"
-    printf '[journal]\ndir = "%s"\n' "$state/journal" >"$state/i$i.toml"
+    printf '[server]\nagent_port = %d\nmax_lag_ms = 1000\n\n[journal]\ndir = "%s"\n' \
+        "$((port + instances + i))" "$state/journal" >"$state/i$i.toml"
     while [[ ! -e "$state/stopping" ]]; do
         captiond serve --config "$state/i$i.toml" --host 127.0.0.1 --port "$((port + i))" \
             --instance "i$i" "${serve_options[@]}" >>"$state/i$i.log" 2>&1 &
@@ -101,5 +103,5 @@ for ((i = 1; i <= instances; i++)); do
 done
 haproxy -db -f "$state/haproxy.cfg" >>"$state/haproxy.log" 2>&1 &
 children+=("$!")
-echo "HAProxy on 127.0.0.1:$port, instances i1..i$instances on ports $((port + 1))..$((port + instances)); state in $state"
+echo "HAProxy on 127.0.0.1:$port, instances i1..i$instances on ports $((port + 1))..$((port + instances)) (agents $((port + instances + 1))..$((port + 2 * instances))); state in $state"
 wait

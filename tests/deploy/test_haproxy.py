@@ -120,7 +120,7 @@ def _free_ports(count: int) -> int:
 def local_set(tmp_path: Path, instances: int, *serve_options: str) -> Iterator[LocalSet]:
     if shutil.which("haproxy") is None:
         missing_tool("haproxy is not installed (apt-get install haproxy)")
-    port = _free_ports(instances + 1)
+    port = _free_ports(2 * instances + 1)  # HAProxy, the instances, their agents
     state = tmp_path / "state"
     argv = ["bash", str(RUN_LOCAL), "--instances", str(instances), "--port", str(port)]
     argv += ["--state", str(state), "--", "--engine", "fake", *serve_options]
@@ -322,6 +322,36 @@ def _bad_tokens(local: LocalSet) -> None:
         for token in tokens:
             code, close = asyncio.run(refused(port, token))
             assert (code, close) == ("resume_failed", 4410), (port, token, code, close)
+
+
+def test_a_full_instance_takes_no_new_stream_but_its_resumes(
+    tmp_path: Path, speech: npt.NDArray[np.float32]
+) -> None:
+    """Two instances of one session each. A stream's connection drops: its instance still
+    holds the session (full), so its agent tells HAProxy `drain`. A new stream goes to the
+    other instance, and the dropped stream's resume still reaches its own."""
+    with local_set(tmp_path, 2, "--max-sessions", "1") as local:
+
+        async def scenario() -> tuple[str, dict[str, Any], dict[str, Any]]:
+            conn = await connect(local.url())
+            ready = json.loads(await conn.recv())
+            await conn.send((speech[:16_000] * 32767).astype(np.int16).tobytes())
+            await asyncio.sleep(0.3)
+            conn.transport.abort()  # dropped: the session waits for its resume
+            await asyncio.sleep(2.5)  # the agent is asked every second
+            async with connect(local.url()) as other:
+                newcomer = json.loads(await other.recv())
+                await other.close()
+            async with connect(local.url(query=f"resume={ready['resume_token']}")) as back:
+                resumed = json.loads(await back.recv())
+            return str(ready["session"]), newcomer, resumed
+
+        session, newcomer, resumed = asyncio.run(scenario())
+        log = (local.state / "haproxy.log").read_text(errors="replace")
+    holder = session.partition("_")[0]
+    assert f"Server captiond/{holder} enters drain state" in log
+    assert newcomer["type"] == "ready" and not newcomer["session"].startswith(holder + "_")
+    assert resumed["type"] == "resumed" and resumed["session"] == session
 
 
 def test_a_full_set_answers_503_at_once(tmp_path: Path, speech: npt.NDArray[np.float32]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -29,10 +30,12 @@ from captiond.engines.fake import FakeEngine
 from captiond.errors import ConfigError
 from captiond.journal.reader import find_session
 from captiond.journal.writer import Ownership, SessionOwnedError
+from captiond.server.load import LoadWatch, agent_reply
 from captiond.server.resume import session_of_token
 from captiond.server.routing import WorkerSlot, worker_of_session
 
 FOUR_BURSTS = tone_bursts([0.6, 0.6, 0.6, 0.6], gap_s=1.0)
+LOUD = tone_bursts([6.0], gap_s=0.0)  # one long utterance: partial after partial
 RATE = 16_000
 
 
@@ -198,3 +201,56 @@ def _get(target: str) -> tuple[int, str]:
             return int(answer.status), answer.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+
+
+def test_the_lag_watch_takes_the_90th_percentile_of_the_last_seconds() -> None:
+    watch = LoadWatch(max_lag_ms=1_000)
+    for i in range(4):
+        watch.observe(float(i), 5_000)
+    assert watch.behind_ms(4.0) == 0 and not watch.behind(4.0)  # too few partials to tell
+    for i in range(16):
+        watch.observe(4.0 + i / 10, 200)
+    # 20 partials, 4 of them late: the 90th percentile is late.
+    assert watch.behind_ms(5.6) == 5_000 and watch.behind(5.6)
+    # Five seconds on, the late ones have left the window.
+    assert watch.behind_ms(8.5) == 200 and not watch.behind(8.5)
+    assert not LoadWatch(max_lag_ms=0).behind(0.0)  # 0: no bound
+    assert agent_reply(behind=False, full=False) == "up ready 100%\n"
+    assert agent_reply(behind=True, full=False) == agent_reply(behind=False, full=True)
+
+
+def test_a_daemon_behind_refuses_new_streams_and_drains_its_agent(tmp_path: Path) -> None:
+    """Decodes that take 0.6 s each put one stream's partials far past `max_lag_ms` (100):
+    a new stream gets `overloaded` (1013) naming the lag, the agent check answers `drain`, and
+    the stream itself goes on (its resume too)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        agent_port = probe.getsockname()[1]
+    config = make_config(server={"max_lag_ms": 100.0, "agent_port": agent_port})
+
+    async def agent() -> str:
+        reader, writer = await asyncio.open_connection("127.0.0.1", agent_port)
+        line = await reader.readline()
+        writer.close()
+        return line.decode()
+
+    async def scenario() -> None:
+        async with running_daemon(config, engine=FakeEngine(delay_s=0.6)) as daemon:
+            assert await agent() == "up ready 100%\n"
+            conn = await connect(url(daemon))
+            ready = json.loads(await conn.recv())
+            for start in range(0, 6 * RATE, RATE // 5):
+                await conn.send(LOUD[start : start + RATE // 5].tobytes())
+                await asyncio.sleep(0.2)
+            assert daemon.load.behind(asyncio.get_running_loop().time())
+            async with connect(url(daemon)) as late:
+                refused = json.loads(await late.recv())
+                await late.wait_closed()
+            assert refused["code"] == "overloaded" and late.close_code == 1013
+            assert "behind" in refused["message"]
+            assert await agent() == "up drain\n"
+            drop(conn)
+            async with connect(resume_url(url(daemon), ready["resume_token"])) as back:
+                assert json.loads(await back.recv())["type"] == "resumed"
+
+    run(scenario())

@@ -104,10 +104,11 @@ class EngineClient:
         if self._spans.pop(key, None) is not None and not self._writer.is_closing():
             ipc.write(self._writer, ipc.Forget(key))
 
-    def report(self, sessions_open: int, sessions_total: int, sources: str) -> None:
-        """Tell the main process this worker is alive, its counters and its sources' states."""
+    def report(self, sessions_open: int, sessions_total: int, sources: str, behind: bool) -> None:
+        """Tell the main process this worker is alive, its counters, its sources' states and
+        whether it is behind (it refuses new streams)."""
         if not self._writer.is_closing():
-            status = ipc.Status(os.getpid(), sessions_open, sessions_total, sources)
+            status = ipc.Status(os.getpid(), sessions_open, sessions_total, sources, behind)
             ipc.write(self._writer, status)
 
     async def run(self) -> None:

@@ -111,6 +111,7 @@ class Status:
     sessions_open: int
     sessions_total: int
     sources: str  # Daemon.sources_status(): "" but in the worker that runs the sources
+    behind: bool  # past `max_lag_ms`: it refuses new streams (server/load.py)
 
 
 Message = Hello | Decode | Cancel | Forget | Result | Status

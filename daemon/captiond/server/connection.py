@@ -15,6 +15,7 @@ token), replaying what the client did not acknowledge. Its open utterance stays 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 from collections import deque
@@ -43,6 +44,7 @@ from captiond.errors import (
 from captiond.journal.writer import SessionJournal
 from captiond.ops.metrics import Metrics
 from captiond.server.limits import AudioSpeedLimit
+from captiond.server.load import LoadWatch
 from captiond.server.resume import HeldFinals, ResumeKey
 from captiond.streaming.events import Ack, Control, Done, Error, Final, Partial, ServerMessage
 from captiond.streaming.pump import drive_session
@@ -114,9 +116,11 @@ class LiveStream:
         journal: SessionJournal | None,
         resume_key: ResumeKey | None,
         engine: EngineInfo,
+        load: LoadWatch,
         received_bytes: int = 0,
     ) -> None:
         self.id = session_id
+        self._load = load  # the daemon's: every partial's lag counts towards admission
         self._engine = engine  # what a session update's language is checked against
         self.session = session
         self.journal = journal
@@ -181,6 +185,12 @@ class LiveStream:
         while self.arrivals and self.arrivals[0][0] < end_ms:
             self.arrivals.popleft()
         return now_s - self.arrivals[0][1] if self.arrivals else None
+
+    def _arrival_wait_s(self, end_ms: int, now_s: float) -> float | None:
+        """Time since the audio up to `end_ms` arrived (as `final_latency_s`, forgetting
+        nothing: a final may still ask for earlier arrivals)."""
+        at = bisect.bisect_left(self.arrivals, end_ms, key=lambda arrival: arrival[0])
+        return now_s - self.arrivals[at][1] if at < len(self.arrivals) else None
 
     async def run(self) -> None:
         """Run the session's decodes, one at a time, until it is done, delivering what they
@@ -485,6 +495,11 @@ class LiveStream:
         if isinstance(message, Partial):
             lag_ms = self.session.audio_ms - message.end_ms
             self._metrics.partial_lag_seconds.observe(max(0, lag_ms) / 1000)
+            # Admission counts wall time since the partial's audio arrived, not audio: a
+            # client sending faster than real time is ahead, not behind.
+            waited_s = self._arrival_wait_s(message.end_ms, now_s)
+            if waited_s is not None:
+                self._load.observe(now_s, 1000 * waited_s)
         elif isinstance(message, Final):
             latency_s = self.final_latency_s(message.end_ms, now_s)
             # One decoded while the client is away waited for it (drop_grace_s), not for us.

@@ -67,6 +67,7 @@ from captiond.server.access import (
 from captiond.server.connection import AnsweringConnection, LiveStream, send_error
 from captiond.server.handshake import AnsweringProtocol
 from captiond.server.http import HttpAnswers
+from captiond.server.load import LoadWatch, agent_reply, serve_agent
 from captiond.server.resume import MAX_HELD_FINALS, ResumeKey, session_id, session_of_token
 from captiond.server.routing import WorkerSlot
 from captiond.sources.capture import microphone
@@ -147,6 +148,8 @@ class Daemon:
         )
         self._server: Server | None = None
         self._taking_back: dict[str, asyncio.Lock] = {}  # session id: its take-back's
+        self.load = LoadWatch(config.server.max_lag_ms)
+        self._agent: asyncio.Server | None = None
         # Set when the shutdown begins: /readyz fails and new connections are refused, while
         # the live streams get their last finals (`shutdown`).
         self.draining = False
@@ -236,6 +239,8 @@ class Daemon:
             self._server.wrap(listener)
         for source in self.sources.values():
             source.start(self._journal)
+        if self._slot is None and cfg.agent_port:
+            self._agent = await serve_agent(cfg.host, cfg.agent_port, self.agent_reply)
         self._trimmer = asyncio.create_task(trim_after_peaks(lambda: self.sessions_open))
 
     def _new_connection(self) -> AnsweringConnection:
@@ -273,6 +278,8 @@ class Daemon:
         if self._server is None:
             return
         self.draining = True
+        if self._agent is not None:
+            self._agent.close()
         for live in list(self._live.values()):
             live.end_for_shutdown()
         with contextlib.suppress(TimeoutError):
@@ -362,6 +369,7 @@ class Daemon:
                 if (held := self._live.get(session_id)) is not None:
                     log.info("session %s let go: %s opened a stream at its limit", held.id, ip)
                     held.let_go()
+            self._admit()
             key: ResumeKey | None = None
             token: str | None = None
             if resumable and self.config.server.resume_s > 0:
@@ -371,6 +379,22 @@ class Daemon:
             await live.serve(conn, dialect, lambda _: ready)
         if live.detached_at_s is not None and not live.finished.is_set() and live.resumable:
             self._per_ip.hold(live.id, ip)  # until it is resumed, ends or is let go
+
+    def _admit(self) -> None:
+        """A new stream only while the daemon keeps up (server/load.py)."""
+        now_s = asyncio.get_running_loop().time()
+        if self.load.behind(now_s):
+            self.metrics.refused.labels(reason="behind").inc()
+            raise OverloadedError(
+                f"this instance is {self.load.behind_ms(now_s):.0f} ms behind "
+                f"(max_lag_ms {self.config.server.max_lag_ms:g}); try again later"
+            )
+
+    def agent_reply(self) -> str:
+        """HAProxy's agent check answer for this daemon (server/load.py)."""
+        now_s = asyncio.get_running_loop().time()
+        full = self.sessions_open >= self._max_sessions
+        return agent_reply(behind=self.load.behind(now_s), full=full)
 
     def _stream_params(self, dialect: Dialect) -> StreamParams:
         engine = self.decoder.engine_info
@@ -441,6 +465,7 @@ class Daemon:
             resume_key=resume_key,
             received_bytes=received_bytes,
             engine=self.decoder.engine_info,
+            load=self.load,
         )
         self._live[session_id] = live
         self.sessions_total += 1

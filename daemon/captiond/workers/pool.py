@@ -47,6 +47,7 @@ from captiond.decoding.scheduler import HEALTHY_WITHIN_S, InferenceScheduler
 from captiond.errors import CaptiondError
 from captiond.ops.memory import trim_after_peaks
 from captiond.server.http import PROBES, probe_answer
+from captiond.server.load import agent_reply, serve_agent
 from captiond.server.routing import MAX_REQUEST_LINE_BYTES, request_target, worker_for
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ class WorkerPool:
         self._worker_env = dict(worker_env or {})
         self._workers = [_Worker(i) for i in range(config.server.workers)]
         self._listener: socket.socket | None = None
+        self._agent: asyncio.Server | None = None
         self._turn = 0
         self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -153,6 +155,8 @@ class WorkerPool:
             )
         self._started = True
         asyncio.get_running_loop().add_reader(self._listener.fileno(), self._accept)
+        if cfg.agent_port:
+            self._agent = await serve_agent(cfg.host, cfg.agent_port, self._agent_reply)
         self._spawn_task(self._watch_silence())
         self._spawn_task(trim_after_peaks(lambda: self._core.streams_held))
         log.info("listening on %s:%d with %d workers", cfg.host, self.port, len(self._workers))
@@ -160,6 +164,8 @@ class WorkerPool:
     async def shutdown(self) -> None:
         """Stop accepting, drain every worker (their last finals go out), then return."""
         self._stopping = True
+        if self._agent is not None:
+            self._agent.close()
         if self._listener is not None:
             asyncio.get_running_loop().remove_reader(self._listener.fileno())
             self._listener.close()
@@ -353,6 +359,13 @@ class WorkerPool:
                 socket.send_fds(worker.ctrl, [b"c"], [conn.fileno()])
             except OSError as exc:  # its queue is full or it just died: the client retries
                 log.warning("could not hand a connection to worker %d: %s", worker.index, exc)
+
+    def _agent_reply(self) -> str:
+        """HAProxy's agent check (server/load.py): drained while any worker is behind (it
+        would refuse its share of new streams) or the workers hold `max_sessions`."""
+        statuses = [w.status for w in self._workers if w.status is not None]
+        full = sum(s.sessions_open for s in statuses) >= self.config.server.max_sessions
+        return agent_reply(behind=any(s.behind for s in statuses), full=full)
 
     def _why_not(self, probe: str) -> str:
         """Why `/healthz` or `/readyz` fails ("": it does not), answered here: a worker sees
