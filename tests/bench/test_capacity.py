@@ -13,6 +13,7 @@ import os
 import pickle
 import signal
 import socket
+import subprocess
 import sys
 import time
 import types
@@ -207,3 +208,44 @@ def test_no_gpu_figures_without_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     with GpuMonitor() as monitor:
         pass
     assert monitor.result() == {"gpu_busy_percent_mean": None, "gpu_busy_percent_p95": None}
+
+
+def test_also_url_sweeps_another_daemon_and_counts_its_refusals(
+    speech_dir: Path, tmp_path: Path
+) -> None:
+    """--also-url: a second daemon (here one of a single session) swept after the first in one
+    run; a stream it refuses (`overloaded`) is counted as refused, not failed, and the one it
+    let in kept the bounds."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = ["serve", "--engine", "fake", "--port", str(port), "--max-sessions", "1"]
+    small = subprocess.Popen([sys.executable, "-m", "captiond.cli", *argv])
+    try:
+        deadline = time.monotonic() + 60
+        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+            assert time.monotonic() < deadline and small.poll() is None, "serve did not start"
+            time.sleep(0.2)
+        bench = ["bench", "capacity", "--engine", "fake", "--streams", "2", "--duration-s", "3"]
+        bench += [
+            "--start-within-s",
+            "0.5",
+            "--client-procs",
+            "0",
+            "--clips",
+            "ljspeech_LJ001-0002",
+        ]
+        bench += ["--manifest", str(speech_dir / "manifest.jsonl"), "--out", str(tmp_path)]
+        bench += ["--also-url", f"small=ws://127.0.0.1:{port}/v1/stream"]
+        assert main(bench) == 0
+    finally:
+        small.send_signal(signal.SIGTERM)
+        small.wait(30)
+    (path,) = tmp_path.glob("capacity-*.json")
+    levels = json.loads(path.read_text())["levels"]
+    assert set(levels) == {"captiond", "small"}
+    (ours,) = levels["captiond"]
+    assert ours["refused_streams"] == 0 and ours["holds"]
+    (level,) = levels["small"]
+    assert level["refused_streams"] == 1 and level["failed_streams"] == 0
+    assert not level["holds"] and level["admitted_within_bounds"]

@@ -13,12 +13,20 @@ between repeats), against the daemon started here (or --url), then against Whisp
 p95 partial lag and p95 final latency are within the bounds; the capacity is the largest N that
 holds. Two failed levels in a row end the sweep.
 
+A stream refused at connect (`overloaded`, or a balancer's HTTP 503) counts as refused, not
+failed: a level with refusals does not hold, and `admitted_within_bounds` says whether the
+streams let in kept the bounds (what a daemon shedding load promises, [server] max_lag_ms).
+--also-url NAME=URL sweeps another daemon after the first in the same run: HAProxy in front
+of the --url instance shows what the balancer adds.
+
 With --diarize both, the daemon's sweep runs twice in one run, without and with every stream
 diarized ([stream] diarize: speaker embeddings for every final), so the two capacities and the
 daemon's CPU per stream compare on the same machine and audio.
 
     captiond bench capacity --streams 16,64,256 --workers 4 --client-procs 4 --out DIR
     captiond bench capacity --engine fake --diarize both --streams 4,8,16 --out DIR
+    captiond bench capacity --url ws://127.0.0.1:9001/v1/stream --streams 100,300 --out DIR
+        --also-url haproxy=ws://127.0.0.1:9000/v1/stream  (run-local.sh --instances 1)
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 
 from captiond.bench import common
-from captiond.bench.clients import LevelClients, plan_level, raise_fd_limit
+from captiond.bench.clients import LevelClients, StreamOutcome, plan_level, raise_fd_limit
 from captiond.bench.metrics import (
     final_latencies_after_endpoint_ms,
     final_latencies_ms,
@@ -102,6 +110,15 @@ def add_capacity_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         help="daemon worker processes serving websockets (default 1: all in this process)",
     )
     common.add_diarize_option(p)
+    p.add_argument(
+        "--also-url",
+        action="append",
+        default=[],
+        type=_named_url,
+        metavar="NAME=URL",
+        help="after the daemon's sweep, the same sweep against this one, named NAME in the "
+        "JSON (repeatable): e.g. HAProxy in front of the --url instance",
+    )
     p.add_argument("--bound-partial-ms", type=float, default=1000.0, help="p95 partial lag bound")
     p.add_argument("--bound-final-ms", type=float, default=1000.0, help="p95 final latency bound")
     p.set_defaults(func=_bench_capacity)
@@ -208,7 +225,8 @@ async def _level(
     finally:
         await clients.stop()
     done = [o for o in outcomes if o.error is None]
-    errors = [o.error for o in outcomes if o.error is not None]
+    refused = [o for o in outcomes if _refused(o)]
+    errors = [o.error for o in outcomes if o.error is not None and o not in refused]
     lags = summary([x for o in done for x in partial_lags_ms(o.trace)])
     speech = audio.speech
     finals = summary(
@@ -221,20 +239,23 @@ async def _level(
         for o in outcomes
         if o.trace.connect_epoch_s is not None
     ]
-    holds = (
-        not errors
-        and live == n
-        and lags["p95"] is not None
+    within_bounds = (
+        lags["p95"] is not None
         and lags["p95"] <= args.bound_partial_ms
         and finals["p95"] is not None
         and finals["p95"] <= args.bound_final_ms
     )
+    holds = not errors and not refused and live == n and within_bounds
     return {
         "streams": n,
         "client_procs": 0 if args.client_procs == 0 else len(plans),
         "peak_live_streams": live,
         "failed_streams": len(errors),
         "errors": sorted(set(errors))[:5],
+        # Refused at connect (`overloaded`, or a balancer's 503): a daemon shedding load.
+        "refused_streams": len(refused),
+        # What shedding promises: the streams let in kept within the bounds, none failed.
+        "admitted_within_bounds": not errors and within_bounds,
         "connect_delay_ms": summary(start_delays_ms),
         "partial_lag_ms": lags,
         "final_latency_ms": finals,
@@ -245,6 +266,13 @@ async def _level(
         **_per_stream(monitor.result(), n),
         **gpu.result(),
     }
+
+
+def _refused(outcome: StreamOutcome) -> bool:
+    """Refused before `ready`: the daemon's `overloaded` or a balancer's HTTP 503."""
+    if outcome.error is None or any(m["type"] == "ready" for m in outcome.trace.messages):
+        return False
+    return "overloaded" in outcome.error or "HTTP 503" in outcome.error
 
 
 def _per_stream(resources: dict[str, Any], n: int) -> dict[str, Any]:
@@ -306,6 +334,14 @@ async def _peer(
         return await _sweep(args, target, audio)
 
 
+def _named_url(spec: str) -> tuple[str, str]:
+    """`NAME=URL` of --also-url (an argparse type: a mistake is one line, exit 2)."""
+    name, _, url = spec.partition("=")
+    if not name or not url.startswith(("ws://", "wss://")) or name in ("captiond", "whisperlive"):
+        raise argparse.ArgumentTypeError(f"{spec!r}: NAME=ws://HOST:PORT/v1/stream, NAME new")
+    return name, url
+
+
 def _check(args: argparse.Namespace) -> None:
     if args.duration_s <= 0 or not 0 <= args.start_within_s < args.duration_s:
         # Otherwise the first streams end before the last start: N are never live at once.
@@ -329,6 +365,9 @@ def _bench_capacity(args: argparse.Namespace) -> int:
         name: run_loop(_ours(args, run_env, audio, name), loop)
         for name, run_env in common.diarize_runs(args, env)
     }
+    for name, url in args.also_url:
+        target = _Target(name=name, protocol="native", url=url, scheduler=None, pids=[])
+        results[name] = run_loop(_sweep(args, target, audio), loop)
     if args.peer:
         results["whisperlive"] = run_loop(_peer(args, env, audio), loop)
     gpu, gpu_note = gpu_facts()
@@ -380,6 +419,7 @@ def _table(results: dict[str, list[dict[str, Any]]]) -> None:
             lv["streams"],
             lv["peak_live_streams"],
             lv["failed_streams"],
+            lv["refused_streams"],
             lv["partial_lag_ms"]["p50"],
             lv["partial_lag_ms"]["p95"],
             lv["final_latency_ms"]["p50"],
@@ -400,6 +440,7 @@ def _table(results: dict[str, list[dict[str, Any]]]) -> None:
         "N",
         "live",
         "failed",
+        "refused",
         "lag p50",
         "lag p95",
         "fin p50",
