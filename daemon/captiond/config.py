@@ -8,6 +8,7 @@ are type-checked against the dataclass annotations. `dump_toml` renders the effe
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 import math
 import re
@@ -80,6 +81,11 @@ class ServerConfig:
     # HAProxy's agent check (`agent-check agent-port N`): a line saying whether this instance
     # takes new streams (server/load.py). 0: no agent.
     agent_port: int = 0
+    # Load balancers whose X-Forwarded-For is believed (addresses or networks: "127.0.0.1",
+    # "10.0.0.0/8"): behind them a connection's client is the last address they appended, so
+    # that `max_sessions_per_ip` and the logs count clients, not the balancer. Anyone else's
+    # header is ignored: a client could write any address there.
+    trusted_proxies: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -531,6 +537,13 @@ def _check_server(server: ServerConfig) -> None:
             "[server] workers > 1 needs plain ws: terminate TLS in front of captiond "
             "(a reverse proxy) or set workers = 1"
         )
+    for proxy in server.trusted_proxies:
+        try:
+            ipaddress.ip_network(proxy, strict=False)
+        except ValueError:
+            raise ConfigError(
+                f"[server] trusted_proxies: {proxy!r} is not an address or a network"
+            ) from None
     for origin in server.allowed_origins:
         if origin != "*" and not _is_origin(origin):
             raise ConfigError(

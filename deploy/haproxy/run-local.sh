@@ -85,8 +85,16 @@ trap stop INT TERM EXIT
 # One instance, started again whenever it exits, until the script stops.
 instance() {
     local i="$1"
-    printf '[server]\nagent_port = %d\nmax_lag_ms = 1000\n\n[journal]\ndir = "%s"\n' \
-        "$((port + instances + i))" "$state/journal" >"$state/i$i.toml"
+    # The agent for HAProxy, admission by lag, HAProxy's X-Forwarded-For believed, the journal.
+    cat >"$state/i$i.toml" <<TOML
+[server]
+agent_port = $((port + instances + i))
+max_lag_ms = 1000
+trusted_proxies = ["127.0.0.1"]
+
+[journal]
+dir = "$state/journal"
+TOML
     while [[ ! -e "$state/stopping" ]]; do
         captiond serve --config "$state/i$i.toml" --host 127.0.0.1 --port "$((port + i))" \
             --instance "i$i" "${serve_options[@]}" >>"$state/i$i.log" 2>&1 &

@@ -30,6 +30,7 @@ from captiond.engines.fake import FakeEngine
 from captiond.errors import ConfigError
 from captiond.journal.reader import find_session
 from captiond.journal.writer import Ownership, SessionOwnedError
+from captiond.server.access import client_address
 from captiond.server.load import LoadWatch, agent_reply
 from captiond.server.resume import session_of_token
 from captiond.server.routing import WorkerSlot, worker_of_session
@@ -254,3 +255,48 @@ def test_a_daemon_behind_refuses_new_streams_and_drains_its_agent(tmp_path: Path
                 assert json.loads(await back.recv())["type"] == "resumed"
 
     run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("peer", "header", "client"),
+    [
+        ("127.0.0.1", "203.0.113.7", "203.0.113.7"),  # the balancer's word
+        ("127.0.0.1", "198.51.100.1, 203.0.113.7", "203.0.113.7"),  # the last hop it added
+        ("10.1.2.3", "203.0.113.7", "203.0.113.7"),  # a trusted network
+        ("192.0.2.9", "203.0.113.7", "192.0.2.9"),  # anyone else's header: ignored
+        ("127.0.0.1", "not an address", "127.0.0.1"),
+        ("127.0.0.1", None, "127.0.0.1"),
+    ],
+)
+def test_a_trusted_balancers_forwarded_for_names_the_client(
+    peer: str, header: str | None, client: str
+) -> None:
+    assert client_address(peer, header, ["127.0.0.1", "10.0.0.0/8"]) == client
+    assert client_address(peer, header, []) == peer
+
+
+def test_per_ip_limits_count_clients_behind_a_trusted_balancer() -> None:
+    """Two streams "from" one client behind the balancer (127.0.0.1, trusted) hit a limit of
+    one per address; a second client's stream does not."""
+    config = make_config(
+        server={"max_sessions_per_ip": 1, "trusted_proxies": ("127.0.0.1",), "resume_s": 0}
+    )
+
+    async def scenario() -> list[str]:
+        async with running_daemon(config) as daemon:
+            answers = []
+            for client in ("203.0.113.7", "203.0.113.7", "203.0.113.8"):
+                headers = {"X-Forwarded-For": client}
+                conn = await connect(url(daemon), additional_headers=headers)
+                answers.append(json.loads(await conn.recv()).get("code", "ready"))
+            return answers
+
+    assert run(scenario()) == ["ready", "overloaded", "ready"]
+
+
+def test_trusted_proxies_must_be_addresses_or_networks() -> None:
+    from captiond.config import config_from_mapping
+
+    assert config_from_mapping({"server": {"trusted_proxies": ["10.0.0.0/8", "::1"]}})
+    with pytest.raises(ConfigError, match="trusted_proxies"):
+        config_from_mapping({"server": {"trusted_proxies": ["haproxy.local"]}})

@@ -20,6 +20,8 @@ The rules, as docs/operations/security.md states them:
   never outvoted by a right one, and an Authorization header of another scheme is refused.
   A vendor endpoint also takes the form its SDK sends (dialects/endpoints.py: Deepgram's
   `Token KEY`, AssemblyAI's bare key).
+- Connections per IP count the client's address: behind a load balancer listed in
+  `[server] trusted_proxies`, the last address of its X-Forwarded-For (`client_address`).
 """
 
 from __future__ import annotations
@@ -178,3 +180,22 @@ class ConnectionsPerIp:
         self._open[ip] -= 1
         if self._open[ip] <= 0:
             del self._open[ip]
+
+
+def client_address(peer: str, forwarded_for: str | None, trusted: Sequence[str]) -> str:
+    """The client's address: `peer`, or, when `peer` is a trusted load balancer's, the last
+    address of its X-Forwarded-For (the one it appended: earlier ones are the client's word).
+    A header that is missing or not an address leaves `peer`."""
+    if not forwarded_for or not trusted:
+        return peer
+    try:
+        address = ipaddress.ip_address(peer)
+    except ValueError:
+        return peer
+    if not any(address in ipaddress.ip_network(net, strict=False) for net in trusted):
+        return peer
+    last = forwarded_for.rsplit(",", 1)[-1].strip()
+    try:
+        return str(ipaddress.ip_address(last))
+    except ValueError:
+        return peer

@@ -61,9 +61,7 @@ from captiond.journal.writer import (
 )
 from captiond.ops.memory import trim_after_peaks
 from captiond.ops.metrics import Metrics
-from captiond.server.access import (
-    ConnectionsPerIp,
-)
+from captiond.server.access import ConnectionsPerIp, client_address
 from captiond.server.connection import AnsweringConnection, LiveStream, send_error
 from captiond.server.handshake import AnsweringProtocol
 from captiond.server.http import HttpAnswers
@@ -309,7 +307,7 @@ class Daemon:
         dialect = endpoint.dialect(query) if endpoint else NativeDialect(query)
         if isinstance(conn, AnsweringConnection):
             conn.dialect = dialect
-        ip = str(conn.remote_address[0]) if conn.remote_address else "?"
+        ip = self._client_ip(conn)
         if self.draining:
             self.metrics.refused.labels(reason="draining").inc()
             await send_error(conn, ShuttingDownError("the daemon is shutting down"), dialect)
@@ -380,6 +378,20 @@ class Daemon:
         if live.detached_at_s is not None and not live.finished.is_set() and live.resumable:
             self._per_ip.hold(live.id, ip)  # until it is resumed, ends or is let go
 
+    def _client_ip(self, conn: ServerConnection) -> str:
+        """The client's address (a trusted load balancer's X-Forwarded-For: access.py)."""
+        peer = str(conn.remote_address[0]) if conn.remote_address else "?"
+        forwarded = conn.request.headers.get("X-Forwarded-For") if conn.request else None
+        return client_address(peer, forwarded, self.config.server.trusted_proxies)
+
+    def _peer(self, conn: ServerConnection) -> str:
+        """The client for the log and the journal: its address and port, or the address a
+        trusted load balancer forwarded for it."""
+        address = conn.remote_address
+        peer = f"{address[0]}:{address[1]}" if address else "?"
+        ip = self._client_ip(conn)
+        return peer if address and ip == str(address[0]) else ip
+
     def _admit(self) -> None:
         """A new stream only while the daemon keeps up (server/load.py)."""
         now_s = asyncio.get_running_loop().time()
@@ -437,7 +449,7 @@ class Daemon:
         if self._journal is not None:
             journal = self._journal.open_session(
                 session=session_id,
-                peer=_peer(conn),
+                peer=self._peer(conn),
                 source=None,
                 language=params.language_setting,
                 model=engine.model_name,
@@ -470,7 +482,7 @@ class Daemon:
         self._live[session_id] = live
         self.sessions_total += 1
         self.metrics.sessions.inc()
-        task = asyncio.create_task(self._keep(live, _peer(conn)))
+        task = asyncio.create_task(self._keep(live, self._peer(conn)))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return live
@@ -727,8 +739,3 @@ def _quiet_client_faults(record: logging.LogRecord) -> bool:
     cause = exc.__cause__ or exc.__context__
     log.debug("refused a request: %s%s", exc, f" ({cause})" if cause else "")
     return False
-
-
-def _peer(conn: ServerConnection) -> str:
-    address = conn.remote_address
-    return f"{address[0]}:{address[1]}" if address else "?"
