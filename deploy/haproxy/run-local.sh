@@ -8,10 +8,11 @@
 # PORT+N+i, all with one journal folder (DIR/journal), so that any instance can take a session
 # back. Options after `--` go to
 # every `captiond serve` (e.g. `--engine fake`; `--max-sessions N` also becomes each server's
-# maxconn). An instance that exits is started again (as systemd's Restart= would): SIGTERM one
-# for a rolling restart; while DIR/iK.hold exists, instance K is not started again. DIR
-# (default: a new temporary folder) holds the journal, haproxy.cfg, each instance's config,
-# PID (iK.pid) and log. Ctrl-C stops everything.
+# maxconn and the per-address limit: every local client is 127.0.0.1). An instance that exits
+# is started again (as systemd's Restart= would): SIGTERM one for a rolling restart; while
+# DIR/iK.hold exists, instance K is not started again. DIR (default: a new temporary folder)
+# holds the journal, haproxy.cfg, each instance's config, PID (iK.pid) and log. Ctrl-C stops
+# everything.
 set -euo pipefail
 
 instances=2
@@ -24,7 +25,7 @@ while (($#)); do
         --port) port="$2"; shift 2 ;;
         --state) state="$2"; shift 2 ;;
         --) shift; serve_options=("$@"); break ;;
-        -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "run-local.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -88,6 +89,8 @@ instance() {
     # The agent for HAProxy, admission by lag, HAProxy's X-Forwarded-For believed, the journal.
     cat >"$state/i$i.toml" <<TOML
 [server]
+# Every local client is 127.0.0.1: one address may take every session.
+max_sessions_per_ip = $maxconn
 agent_port = $((port + instances + i))
 max_lag_ms = 1000
 trusted_proxies = ["127.0.0.1"]

@@ -22,7 +22,13 @@ from captiond.errors import ConfigError
 from captiond.journal import reader as journal_read
 from captiond.journal import writer as journal_module
 from captiond.journal.reader import find_session, list_sessions, read_session
-from captiond.journal.writer import Journal, JournalError, SessionJournal, open_journal
+from captiond.journal.writer import (
+    Journal,
+    JournalError,
+    Ownership,
+    SessionJournal,
+    open_journal,
+)
 from captiond.streaming.events import Final, Word
 
 _DAY_S = 86_400
@@ -237,6 +243,25 @@ def test_retention_by_total_size_oldest_first(journal_dir: Path) -> None:
     journal.start()
     journal.stop()
     assert [f.exists() for f in files] == [False, True, True]
+
+
+def test_retention_leaves_a_session_another_instance_holds(journal_dir: Path) -> None:
+    """Instances that share the folder each apply retention: none deletes the files (every
+    part) of a session that a live daemon holds, its own or another's."""
+    journal_dir.mkdir()
+    held = [
+        _old_file(journal_dir, "20200101T000000Z-a_1.jsonl", 400, age_days=40),
+        _old_file(journal_dir, "20200101T000000Z-a_1.1.jsonl", 400, age_days=40),
+    ]
+    free = _old_file(journal_dir, "20200102T000000Z-b_2.jsonl", 400, age_days=40)
+    other_instance = Ownership.take(held[0])
+    try:
+        journal = Journal(JournalConfig(dir=str(journal_dir), max_age_days=30))
+        journal.start()
+        journal.stop()
+    finally:
+        other_instance.release()
+    assert all(f.exists() for f in held) and not free.exists()
 
 
 def test_retention_runs_once_a_minute_not_for_every_new_file(

@@ -18,7 +18,8 @@ when the owner's process dies however it dies (kill -9 included), so a crashed i
 sessions are free at once and nothing has to expire. Linux's NFS client turns `flock` into an
 NFS lock, which the server holds for the client host (NFSv4: a dead host's locks go after its
 lease time). A new session's lock is taken on the writer thread; a take-back's on a thread of
-the event loop's (`asyncio.to_thread`), before it reads the session.
+the event loop's (`asyncio.to_thread`), before it reads the session. Retention leaves alone the
+files of a session a live daemon holds, whichever instance it is.
 """
 
 from __future__ import annotations
@@ -351,13 +352,31 @@ class Journal:
         files.sort()
         total = sum(f[3] for f in files)
         cutoff = time.time() - self._config.max_age_days * _DAY_S
-        for mtime, _, path, size in files:
+        held: dict[str, bool] = {}  # by stem: a live session (another instance's too)
+        for mtime, name, path, size in files:
             if path in busy:
                 continue
             if mtime < cutoff or total > self._config.max_total_bytes:
+                stem = JOURNAL_FILE_NAME.match(name)["stem"]  # type: ignore[index]
+                if stem not in held:
+                    held[stem] = _held_elsewhere(self._dir / f"{stem}.jsonl")
+                if held[stem]:
+                    continue
                 path.unlink(missing_ok=True)
                 total -= size
                 log.info("journal retention: deleted %s", path.name)
+
+
+def _held_elsewhere(first: Path) -> bool:
+    """Whether a live daemon (another instance sharing the folder) holds the session whose
+    first file is `first`: retention leaves its files alone."""
+    try:
+        Ownership.take(first).release()
+    except SessionOwnedError:
+        return True
+    except JournalError:
+        pass  # no first part (deleted already): nobody holds the rest
+    return False
 
 
 def _write_all(target: _SessionFile, data: bytes) -> None:

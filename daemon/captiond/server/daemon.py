@@ -145,7 +145,7 @@ class Daemon:
             check_query=self._stream_params,
         )
         self._server: Server | None = None
-        self._taking_back: dict[str, asyncio.Lock] = {}  # session id: its take-back's
+        self._taking_back: dict[str, _TakingBack] = {}  # by session id
         self.load = LoadWatch(config.server.max_lag_ms)
         self._agent: asyncio.Server | None = None
         # Set when the shutdown begins: /readyz fails and new connections are refused, while
@@ -558,13 +558,15 @@ class Daemon:
         if live is None:
             # One take-back of a session at a time here: a second resume of it waits, then
             # takes it over from the first, as from memory.
-            taking = self._taking_back.setdefault(session_id, asyncio.Lock())
+            taking = self._taking_back.setdefault(session_id, _TakingBack())
+            taking.resumes += 1
             try:
-                async with taking:
+                async with taking.lock:
                     live, gap_ms = await self._from_journal_once(conn, session_id, resume)
             finally:
-                if not taking.locked():
-                    self._taking_back.pop(session_id, None)
+                taking.resumes -= 1
+                if not taking.resumes:
+                    del self._taking_back[session_id]
         if gap_ms is None:
             if live.resume_key is None or not live.resumable:
                 raise ResumeFailedError(f"session {session_id} has ended")
@@ -696,6 +698,14 @@ class Daemon:
                 )
             )
         return live, round(gap_s * 1000)
+
+
+@dataclasses.dataclass(slots=True)
+class _TakingBack:
+    """A session being taken back from the journal: the resumes of it, one at a time."""
+
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    resumes: int = 0  # waiting or taking it: the entry goes with the last
 
 
 def tls_context(server: ServerConfig) -> ssl.SSLContext | None:
