@@ -5,9 +5,10 @@ stream real speech through it.
 
 - New streams spread over every instance (leastconn), each captioned as the clip streamed
   directly.
-- kill -9 of an instance mid-stream: its clients resume through HAProxy on another instance,
-  which takes each session back from the shared journal; every journaled final reaches its
-  client exactly once, and the audio the dead instance had not captioned is sent again.
+- kill -9 of an instance mid-stream: its clients (captiond_client's streams, and the page in
+  real Chromium) resume through HAProxy on another instance, which takes each session back
+  from the shared journal; every journaled final reaches its client exactly once, and the
+  audio the dead instance had not captioned is sent again.
 - A rolling restart of every instance during live streams loses no final and ends no stream
   in an error.
 - A forged token, or one of a finished session, is refused with 4410 by every instance.
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
+from browser_harness import click, finals_at_least, launch_chromium, open_page, write_capture
 from testkit import REPO_ROOT, missing_tool, read_wav_int16
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
@@ -378,3 +380,38 @@ def test_a_full_set_answers_503_at_once(tmp_path: Path, speech: npt.NDArray[np.f
         elapsed_s = asyncio.run(scenario())
         print(f"503 after {elapsed_s:.1f} s")
         assert elapsed_s < 10.0  # a hang guard: HAProxy's timeout queue is 2 s
+
+
+def test_the_page_fails_over_to_another_instance(
+    tmp_path: Path, speech: npt.NDArray[np.float32]
+) -> None:
+    """The page in real Chromium, its microphone saying the meeting, through HAProxy: kill -9
+    of the instance that holds its session; the page resumes on the other instance (the
+    journal's session, "nothing was lost") and its transcript keeps every final."""
+    mic = write_capture(speech, tmp_path / "mic.wav")
+    with (
+        local_set(tmp_path, 2) as local,
+        launch_chromium(tmp_path / "profile", mic) as browser,
+    ):
+
+        async def scenario() -> tuple[list[str], list[str], str]:
+            async with open_page(browser) as page:
+                await page.navigate(f"http://127.0.0.1:{local.port}/")
+                await page.evaluate(click("start"))
+                before = await finals_at_least(page, 2, timeout_s=60)
+                (session,) = list_sessions(local.state / "journal")
+                victim = int(session.session.partition("_")[0].removeprefix("i"))
+                (local.state / f"i{victim}.hold").touch()
+                os.kill(local.pid(victim), signal.SIGKILL)
+                text = await page.wait_for(
+                    "!notice.hidden && notice.textContent.includes('Reconnected')"
+                    " && notice.textContent",
+                    "the resume on the other instance",
+                    60,
+                )
+                after = await finals_at_least(page, len(before) + 2, timeout_s=60)
+                return before, after, str(text)
+
+        before, after, text = asyncio.run(scenario())
+    assert "nothing was lost" in text, text
+    assert after[: len(before)] == before
