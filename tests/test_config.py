@@ -256,6 +256,9 @@ def _section_strategy(cls: type[Any]) -> st.SearchStrategy[Any]:
             fields[f.name] = st.sampled_from(EVENT_LOOPS)
         elif f.name == "instance":
             fields[f.name] = st.just("") | st.from_regex(INSTANCE_NAME, fullmatch=True)
+        elif f.name == "trusted_proxies":
+            addresses = st.sampled_from(["127.0.0.1", "10.0.0.0/8", "::1", "fd00::/8"])
+            fields[f.name] = st.lists(addresses, max_size=3).map(tuple)
         elif f.name == "language":
             fields[f.name] = st.sampled_from(["en", "de", "yue", "auto", "en,de"])
         elif f.name == "chinese_variant":
