@@ -107,8 +107,8 @@ class InferenceScheduler:
         # Loads the speaker-embedding model on this engine thread when a diarized final first
         # asks for embeddings (engines.speaker_embedder); None: diarization cannot run here.
         # A daemon that diarizes every stream ([stream] diarize) loads it in start() instead,
-        # before it serves: loading (torch's import, the weights) took 2-9 s on the 2-core VM,
-        # and every stream's decodes would wait behind it.
+        # before it serves: loading (torch's import, the weights, the first call) took 2.3 s on
+        # the 2-core VM, and every stream's decodes would wait behind it.
         self._load_embedder = embedder
         self._load_embedder_at_start = load_embedder_at_start
         self._embedder: Embedder | None = None
