@@ -396,9 +396,10 @@ class Daemon:
         """A new stream only while the daemon keeps up (server/load.py)."""
         now_s = asyncio.get_running_loop().time()
         if self.load.behind(now_s):
+            behind_ms = self.load.behind_ms(now_s)
             self.metrics.refused.labels(reason="behind").inc()
             raise OverloadedError(
-                f"this instance is {self.load.behind_ms(now_s):.0f} ms behind "
+                f"this instance is {behind_ms:.0f} ms behind "
                 f"(max_lag_ms {self.config.server.max_lag_ms:g}); try again later"
             )
 

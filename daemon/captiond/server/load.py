@@ -42,6 +42,8 @@ class LoadWatch:
         self._lags: deque[tuple[float, float]] = deque()  # (loop time, lag ms)
 
     def observe(self, now_s: float, lag_ms: float) -> None:
+        if not self.max_lag_ms:
+            return  # no bound (the default): nothing to keep on every partial
         self._lags.append((now_s, max(0.0, lag_ms)))
         self._trim(now_s)
 
