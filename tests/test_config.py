@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from captiond.config import (
+    END_OF_TURN_MODES,
     EVENT_LOOPS,
     INSTANCE_NAME,
     RANGES,
@@ -248,6 +249,13 @@ def _section_strategy(cls: type[Any]) -> st.SearchStrategy[Any]:
             fields[f.name] = st.floats(min_value=0.0, max_value=0.99)
         elif f.name == "workers":  # > 1 refuses TLS: see test_workers_need_plain_ws
             fields[f.name] = st.just(1)
+        # The longest wait for a turn is at least the pause the model is asked at.
+        elif f.name == "end_of_turn_pause_ms":
+            fields[f.name] = st.integers(min_value=30, max_value=1_000)
+        elif f.name == "max_turn_silence_ms":
+            fields[f.name] = st.integers(min_value=1_000, max_value=10**6)
+        elif f.name == "end_of_turn":
+            fields[f.name] = st.sampled_from(END_OF_TURN_MODES)
         elif f.name in RANGES[cls]:
             fields[f.name] = _in_range(RANGES[cls][f.name], default)
         elif f.name == "allowed_origins":
@@ -380,6 +388,17 @@ def test_allowed_origins_round_trip(tmp_path: Path) -> None:
     config = load_config(_write(tmp_path, text))
     assert config.server.allowed_origins == ("https://app.example.com", "*")
     assert load_config(_write(tmp_path, dump_toml(config))) == config
+
+
+def test_end_of_turn_is_silence_or_model_and_waits_at_least_its_pause() -> None:
+    with pytest.raises(ConfigError, match=r"\[vad\] end_of_turn must be one of silence, model"):
+        config_from_mapping({"vad": {"end_of_turn": "smart"}})
+    with pytest.raises(ConfigError, match=r"max_turn_silence_ms \(150\) must be at least"):
+        config_from_mapping({"vad": {"end_of_turn_pause_ms": 180, "max_turn_silence_ms": 150}})
+    with pytest.raises(ConfigError, match=r"\[vad\] end_of_turn_threshold"):
+        config_from_mapping({"vad": {"end_of_turn_threshold": 1.5}})
+    vad = config_from_mapping({"vad": {"end_of_turn": "model"}}).vad
+    assert (vad.end_of_turn, vad.end_of_turn_threshold) == ("model", 0.5)
 
 
 def test_event_loop_is_one_of_the_known() -> None:

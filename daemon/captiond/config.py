@@ -119,6 +119,21 @@ class VadConfig:
     final_tail_ms: int = 420
     # Frames quieter than this never count as speech (digital silence, hiss).
     rms_floor_dbfs: float = -55.0
+    # What ends a turn (streaming/vad.py). "silence": the endpoints above. "model": the
+    # end-of-turn model (engines/turn.py, Smart Turn v3.2) is asked at the first
+    # `end_of_turn_pause_ms` of a pause, with that pause's early final: at least
+    # `end_of_turn_threshold` ends the utterance there, below it the utterance waits for
+    # `max_turn_silence_ms` of silence, so a speaker who pauses mid-thought is not cut.
+    # Utterances longer than `long_utterance_s` still end at `long_endpoint_silence_ms`, and
+    # streams without early finals (`captiond transcribe`) at silence.
+    end_of_turn: str = "silence"
+    end_of_turn_threshold: float = 0.5
+    # With "model": an early final whose words end a sentence ends the turn too, whatever the
+    # model says (the model then only ends turns sooner, and holds a pause open only where
+    # the words are unfinished as well).
+    sentence_ends_turn: bool = True
+    end_of_turn_pause_ms: int = 180
+    max_turn_silence_ms: int = 1500
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,6 +164,12 @@ class StreamConfig:
     # for the utterance's new words (20 s at 5.6 tokens a second). Counted in the model's tokens
     # (a quarter of a character in English, one or more in Chinese, Japanese or Khmer).
     context_tokens: int = 112
+    # False: after a turn the end-of-turn model ended ([vad] end_of_turn = "model"), the next
+    # utterance is decoded without the earlier finals' audio and forced text (they go in the
+    # prompt), as after a break: the next speaker seldom continues the last one's sentence,
+    # and on a CPU the forced text costs the final about half its decode
+    # (docs/measurements/end-of-turn.md). Silence-ended turns keep their context either way.
+    context_across_turns: bool = False
     # Text older than the context: Whisper's previous-text prompt (cheap: one forward pass).
     prompt_chars: int = 600
     # Names and terms the audio may contain ("Kubernetes, Dr. Nguyen, Q3 roadmap"), put before
@@ -388,6 +409,7 @@ def config_from_mapping(data: dict[str, Any], base: Config | None = None) -> Con
         _check_ranges(name, getattr(config, name))
     _check_server(config.server)
     _check_stream(config.stream)
+    _check_vad(config.vad)
     return config
 
 
@@ -428,6 +450,8 @@ MAX_SPEAKERS = 32
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 # `[server] instance`: a DNS label (a Kubernetes pod's or a host's name fits), so never a `_`,
 # which ends it in a session id (server/resume.py).
+# `[vad] end_of_turn`: what ends a turn (VadConfig).
+END_OF_TURN_MODES = ("silence", "model")
 INSTANCE_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$")
 # Durations counted in whole 30-ms VAD frames (streaming/vad.py): less than one frame is no time at
 # all.
@@ -473,6 +497,9 @@ RANGES: dict[type[Any], dict[str, Range]] = {
         "final_tail_ms": _FRAMES,
         # A frame's level is at most 0 dBFS (full scale): a floor above it refuses all speech.
         "rms_floor_dbfs": Range(high=0),
+        "end_of_turn_threshold": Range(0, 1),
+        "end_of_turn_pause_ms": _FRAMES,
+        "max_turn_silence_ms": _FRAMES,
     },
     StreamConfig: {
         # 0 asks for a partial of the same audio again and again.
@@ -561,6 +588,16 @@ def _is_origin(origin: str) -> bool:
         and not parts.query
         and not parts.fragment
     )
+
+
+def _check_vad(vad: VadConfig) -> None:
+    if vad.end_of_turn not in END_OF_TURN_MODES:
+        raise ConfigError(f"[vad] end_of_turn must be one of {', '.join(END_OF_TURN_MODES)}")
+    if vad.max_turn_silence_ms < vad.end_of_turn_pause_ms:
+        raise ConfigError(
+            f"[vad] max_turn_silence_ms ({vad.max_turn_silence_ms}) must be at least "
+            f"end_of_turn_pause_ms ({vad.end_of_turn_pause_ms})"
+        )
 
 
 def _check_stream(stream: StreamConfig) -> None:

@@ -216,3 +216,70 @@ def test_the_speaker_model_loads_once_at_start_or_at_the_first_diarized_final(
         assert loads == ["MainThread" if at_start else "captiond-engine"]
     finally:
         scheduler.stop()
+
+
+class _LoudTurns:
+    """A scripted end-of-turn model: a turn is over as loud as its audio's peak."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def complete(self, turns: Sequence[npt.NDArray[np.float32]]) -> list[float]:
+        self.calls.append(len(turns))
+        return [float(np.abs(turn).max()) for turn in turns]
+
+
+def _turn(peak: float) -> EngineRequest:
+    return EngineRequest(audio=np.full(1_600, peak, dtype=np.float32), kind=DecodeKind.TURN)
+
+
+def test_turn_requests_are_answered_first_in_one_call_and_never_reach_the_engine() -> None:
+    engine = _RecordingEngine()
+    model = _LoudTurns()
+    scheduler = InferenceScheduler(
+        engine, SchedulerConfig(max_batch=8, max_wait_ms=0), turn_model=lambda: model
+    )
+    scheduler.start()
+
+    async def run() -> list[EngineResult]:
+        first = asyncio.ensure_future(scheduler.submit(_request(DecodeKind.PARTIAL)))
+        assert await asyncio.to_thread(engine.busy.wait, _GUARD_S)
+        queued = [
+            asyncio.ensure_future(scheduler.submit(r))
+            for r in (_request(DecodeKind.FINAL), _turn(0.25), _turn(0.75))
+        ]
+        await asyncio.sleep(0)
+        engine.release.set()
+        return list(await asyncio.wait_for(asyncio.gather(first, *queued), _GUARD_S))
+
+    try:
+        _, final, quiet, loud = asyncio.run(run())
+    finally:
+        scheduler.stop()
+    assert engine.batches == [[DecodeKind.PARTIAL], [DecodeKind.FINAL]]
+    assert model.calls == [2]
+    assert (quiet.turn_probability, loud.turn_probability) == (0.25, 0.75)
+    assert final.turn_probability is None
+
+
+@pytest.mark.parametrize("model", ["missing", "failing"])
+def test_without_a_working_turn_model_a_turn_request_gets_no_verdict(
+    model: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    def failing() -> _LoudTurns:
+        raise RuntimeError("no such file")
+
+    scheduler = InferenceScheduler(
+        FakeEngine(), SchedulerConfig(), turn_model=None if model == "missing" else failing
+    )
+    scheduler.start()
+    try:
+        result = asyncio.run(scheduler.submit(_turn(0.9)))
+        final = asyncio.run(scheduler.submit(_request(DecodeKind.FINAL)))
+    finally:
+        scheduler.stop()
+    assert result.turn_probability is None and result.text == ""
+    assert final.language == "en"  # decoded: the daemon goes on
+    assert scheduler.engine_info.judges_turns is (model == "failing")
+    if model == "failing":
+        assert "the end-of-turn model did not load" in caplog.text

@@ -55,7 +55,7 @@ from captiond.errors import (
     RateLimitedError,
 )
 from captiond.lang.languages import LanguageSetting
-from captiond.streaming.events import Control, Error, Final, Partial
+from captiond.streaming.events import Control, Error, Final, Partial, TurnParams
 
 FAST = make_config(server={"max_audio_speed": 1e6})
 RATE = 16_000
@@ -583,3 +583,27 @@ def test_speaker_labels_name_each_ended_turn_and_its_words() -> None:
     assert all(w.speaker == t.speaker_label for t in ended for w in t.words)
     assert all(t.speaker_label is None for t in labelled if not t.end_of_turn)
     assert {t.speaker_label for t in capped if t.end_of_turn and t.transcript} == {"A"}
+
+
+def test_turn_detection_keys_end_the_streams_turns_by_the_model() -> None:
+    assert AssemblyAIDialect({}).stream_params("en").turn == TurnParams()
+    query = {"end_of_turn_confidence_threshold": "0.6", "max_turn_silence": "900"}
+    dialect = AssemblyAIDialect(query)
+    assert dialect.stream_params("en").turn == TurnParams(
+        end_of_turn="model", end_of_turn_threshold=0.6, max_turn_silence_ms=900
+    )
+    # An update keeps what it does not name; one that names nothing new changes nothing.
+    update = {"type": "UpdateConfiguration", "min_end_of_turn_silence_when_confident": 240}
+    assert dialect.receive(json.dumps(update)).turn == TurnParams(
+        end_of_turn="model",
+        end_of_turn_threshold=0.6,
+        end_of_turn_pause_ms=240,
+        max_turn_silence_ms=900,
+    )
+    assert dialect.receive(json.dumps(update)).turn is None
+    newer = {"type": "UpdateConfiguration", "min_turn_silence": 300}
+    turn = dialect.receive(json.dumps(newer)).turn
+    assert turn is not None and turn.end_of_turn_pause_ms == 300
+    for bad in ({"max_turn_silence": "long"}, {"end_of_turn_confidence_threshold": 2}):
+        with pytest.raises(BadMessageError, match="Input validation error"):
+            dialect.receive(json.dumps({"type": "UpdateConfiguration", **bad}))

@@ -61,8 +61,8 @@ from captiond.config import Config
 from captiond.dialects.deepgram import DeepgramDialect
 from captiond.dialects.native import Query
 from captiond.engines.base import Engine, EngineInfo
-from captiond.errors import BadAudioError
-from captiond.streaming.events import Control, Final, Partial, SpeechStopped
+from captiond.errors import BadAudioError, BadMessageError
+from captiond.streaming.events import Control, Final, Partial, SpeechStopped, TurnParams
 
 FAST = make_config(server={"max_audio_speed": 1e6})
 LINEAR16: dict[str, Any] = {"encoding": "linear16", "sample_rate": RATE}
@@ -738,3 +738,17 @@ def test_diarize_gives_every_final_word_its_speaker() -> None:
         {0},
     ]
     assert all(w.speaker is None for m in off.finals for w in m.channel.alternatives[0].words or ())
+
+
+def test_endpointing_in_milliseconds_ends_turns_at_that_silence() -> None:
+    def turn(value: str | None) -> TurnParams:
+        query = {**LINEAR16} | ({} if value is None else {"endpointing": value})
+        return DeepgramDialect(Query(urlencode(query))).stream_params("en").turn
+
+    assert turn(None) == turn("false") == turn("true") == TurnParams()
+    assert turn("300") == TurnParams(
+        end_of_turn="silence", endpoint_silence_ms=300, unfinished_endpoint_silence_ms=300
+    )
+    assert turn("10").endpoint_silence_ms == 30  # one VAD frame is the least there is
+    with pytest.raises(BadMessageError, match="endpointing"):
+        turn("soon")

@@ -622,3 +622,50 @@ def test_connecting_without_intent_transcription_is_refused() -> None:
     assert [m["type"] for m in exchange.messages] == ["error"]
     assert exchange.messages[0]["error"]["type"] == "invalid_request_error"
     assert exchange.close_code == 1008
+
+
+def test_turn_detection_semantic_vad_eagerness_and_server_vad_silence() -> None:
+    def scenario(port: int) -> list[Any]:
+        replies = []
+        with transcription(port) as conn:
+            for detection in (
+                {"type": "semantic_vad", "eagerness": "high"},
+                {"type": "semantic_vad"},
+                {"type": "server_vad", "silence_duration_ms": 700},
+                {"type": "semantic_vad", "eagerness": "eager"},
+                {"type": "server_vad", "silence_duration_ms": 5},
+            ):
+                session = json.loads(json.dumps(SESSION))
+                session["audio"]["input"]["turn_detection"] = detection
+                conn.send_raw(json.dumps({"type": "session.update", "session": session}))
+                replies.append(conn.recv())
+        return replies
+
+    high, auto, silence, eager, short = run(scenario)
+    assert high.type == auto.type == silence.type == "session.updated"
+    detection = high.session.audio.input.turn_detection
+    assert (detection.type, detection.eagerness) == ("semantic_vad", "high")
+    assert auto.session.audio.input.turn_detection.eagerness == "auto"
+    assert silence.session.audio.input.turn_detection.silence_duration_ms == 700
+    for refused, param in ((eager, "eagerness"), (short, "silence_duration_ms")):
+        assert refused.type == "error" and refused.error.code == "invalid_value"
+        assert refused.error.param.endswith(param)
+
+
+def test_eagerness_maps_to_the_models_threshold_and_longest_pause() -> None:
+    dialect = OpenAIRealtimeDialect({"intent": "transcription"})
+    dialect.stream_params("en")
+    turns = {}
+    for eagerness in ("low", "medium", "high", "auto"):
+        session = json.loads(json.dumps(SESSION))
+        session["audio"]["input"]["turn_detection"] = {
+            "type": "semantic_vad",
+            "eagerness": eagerness,
+        }
+        received = dialect.receive(json.dumps({"type": "session.update", "session": session}))
+        assert received.turn is not None and received.turn.end_of_turn == "model"
+        turns[eagerness] = received.turn
+    assert turns["auto"] == turns["medium"]
+    low, medium, high = (turns[e] for e in ("low", "medium", "high"))
+    assert low.end_of_turn_threshold > medium.end_of_turn_threshold > high.end_of_turn_threshold
+    assert low.max_turn_silence_ms > medium.max_turn_silence_ms > high.max_turn_silence_ms

@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed
 
 from captiond.config import Config
 from captiond.decoding.scheduler import InferenceScheduler
-from captiond.engines.base import Embedder, Engine, EngineRequest, EngineResult
+from captiond.engines.base import Embedder, Engine, EngineRequest, EngineResult, TurnModel
 from captiond.engines.fake import FakeEngine
 from captiond.lang.text import units
 from captiond.server.daemon import Daemon
@@ -94,6 +94,14 @@ class ToneEmbedder:
         return out
 
 
+class SureTurns:
+    """A scripted end-of-turn model: every turn it is asked about is over (the daemon's
+    plumbing; the real model's verdicts are tested in tests/engines/test_turn.py)."""
+
+    def complete(self, turns: Sequence[np.ndarray]) -> list[float]:
+        return [0.9] * len(turns)
+
+
 def timed_words(text: str, start_ms: int) -> tuple[Word, ...]:
     """A final's words as the session gives them, for the dialects' own tests: each unit of
     `text` 300 ms after the last and 200 ms long, confidence 0.8, except the second, which the
@@ -140,9 +148,12 @@ async def running_daemon(
     vad_factory: Callable[[], Vad] | None = LoudnessVad,
     audio_input: AudioInput = microphone,
     embedder: Callable[[], Embedder] | None = ToneEmbedder,
+    turn_model: Callable[[], TurnModel] | None = SureTurns,
 ) -> AsyncIterator[Daemon]:
     config = config or make_config()
-    scheduler = InferenceScheduler(engine or FakeEngine(), config.scheduler, embedder=embedder)
+    scheduler = InferenceScheduler(
+        engine or FakeEngine(), config.scheduler, embedder=embedder, turn_model=turn_model
+    )
     scheduler.start()
     daemon = Daemon(config, scheduler, vad_factory=vad_factory, audio_input=audio_input)
     await daemon.start()

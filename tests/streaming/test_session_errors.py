@@ -29,6 +29,20 @@ def test_control_after_end_is_a_protocol_error(control: Control) -> None:
         driver.session.receive_control(control)
 
 
+def test_keepalive_after_end_is_accepted() -> None:
+    """As the protocol page says: a client's keepalive timer may tick while it waits for the
+    last finals and `done`; only audio, `finalize` and `end` after `end` are errors."""
+    driver = Driver()
+    session = driver.session
+    session.receive_audio(s16(np.concatenate([silence(0.5), tone(1.5)])))
+    session.receive_control(Control.END)
+    assert session.state is SessionState.ENDING
+    assert not session.receive_control(Control.KEEPALIVE)
+    driver.pump()
+    assert session.state is SessionState.DONE
+    assert not session.receive_control(Control.KEEPALIVE)
+
+
 def test_audio_after_end_while_still_flushing_is_an_error() -> None:
     driver = Driver()
     session = driver.session

@@ -245,18 +245,18 @@ UNFINISHED = VadConfig().unfinished_endpoint_silence_ms // FRAME_MS  # 26 frames
 
 
 def test_a_pause_waits_for_the_longer_endpoint_until_the_words_are_said_to_end_a_sentence() -> None:
-    """With `waits_for_sentences`, a pause ends the utterance at the endpoint only once the
+    """With `waits_for_verdicts`, a pause ends the utterance at the endpoint only once the
     session said the words before it end a sentence (at the endpoint, or later: the utterance
     then ends where the endpoint fell); without a word from it, at the longer endpoint."""
     script = [True] * 20 + [False] * 40 + [True] * 20 + [False] * 40
     seg = segmenter(ScriptedVad(script))
-    seg.waits_for_sentences = True
+    seg.waits_for_verdicts = True
     feed(seg, [tone_frame()] * (20 + TAIL))
     pause = seg.pause_sample
     assert pause == (20 + TAIL) * FS
-    assert list(seg.sentence_ended(pause + FS)) == []  # not this pause: nothing
+    assert list(seg.turn_ended(pause + FS)) == []  # not this pause: nothing
     assert feed(seg, [tone_frame()] * (ENDPOINT + 2 - TAIL)) == []  # past the endpoint: held
-    (end,) = seg.sentence_ended(pause)  # the verdict comes: ended where the endpoint fell
+    (end,) = seg.turn_ended(pause)  # the verdict comes: ended where the endpoint fell
     assert end == UtteranceEnd(end_sample=(20 + ENDPOINT) * FS, decode_end_sample=pause)
     feed(seg, [tone_frame()] * (40 - ENDPOINT - 2))
     # The second utterance: no verdict, so only the longer endpoint ends it.
@@ -270,18 +270,18 @@ def test_a_pause_waits_for_the_longer_endpoint_until_the_words_are_said_to_end_a
 def test_a_verdict_before_the_endpoint_is_kept_until_the_speaker_goes_on() -> None:
     script = [True] * 20 + [False] * TAIL + [True] * 5 + [False] * 40
     seg = segmenter(ScriptedVad(script))
-    seg.waits_for_sentences = True
+    seg.waits_for_verdicts = True
     feed(seg, [tone_frame()] * (20 + TAIL))
-    assert list(seg.sentence_ended((20 + TAIL) * FS)) == []  # before the endpoint: kept
+    assert list(seg.turn_ended((20 + TAIL) * FS)) == []  # before the endpoint: kept
     # The speaker goes on: the verdict was for the words before, and the next pause waits.
     events = feed(seg, [tone_frame()] * (5 + ENDPOINT))
     assert events == []
     (event,) = feed(seg, [tone_frame()] * (UNFINISHED - ENDPOINT))
     assert event[1].end_sample == (20 + TAIL + 5 + UNFINISHED) * FS
     seg = segmenter(ScriptedVad([True] * 20))  # the same, with no speech after the tail
-    seg.waits_for_sentences = True
+    seg.waits_for_verdicts = True
     feed(seg, [tone_frame()] * (20 + TAIL))
-    assert list(seg.sentence_ended((20 + TAIL) * FS)) == []
+    assert list(seg.turn_ended((20 + TAIL) * FS)) == []
     (event,) = feed(seg, [tone_frame()] * (ENDPOINT - TAIL))  # no speech: the endpoint ends it
     assert event[1].end_sample == (20 + ENDPOINT) * FS
 

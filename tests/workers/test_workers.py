@@ -451,6 +451,7 @@ def test_decode_and_result_messages_cross_the_link_whole() -> None:
         unit_probs=(0.8, 0.95),
         spaced=False,
         speaker_embeddings=((0.6, 0.8), (1.0, 0.0)),
+        turn_probability=0.8,
     )
     sent: list[ipc.Message] = [
         ipc.Decode(7, "s1", len(window), 40_000, window[8_000:], request),

@@ -109,7 +109,7 @@ def add_capacity_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         default=1,
         help="daemon worker processes serving websockets (default 1: all in this process)",
     )
-    common.add_diarize_option(p)
+    common.add_daemon_run_options(p)
     p.add_argument(
         "--also-url",
         action="append",
@@ -363,7 +363,7 @@ def _bench_capacity(args: argparse.Namespace) -> int:
     loop = env.config.server.event_loop
     results = {
         name: run_loop(_ours(args, run_env, audio, name), loop)
-        for name, run_env in common.diarize_runs(args, env)
+        for name, run_env in common.daemon_runs(args, env)
     }
     for name, url in args.also_url:
         target = _Target(name=name, protocol="native", url=url, scheduler=None, pids=[])

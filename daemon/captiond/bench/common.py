@@ -26,7 +26,7 @@ from captiond.bench.peer_whisperlive import MODES, peer_version
 from captiond.bench.report import config_dict, machine_facts, parse_settings
 from captiond.config import Config, load_config, override
 from captiond.decoding.scheduler import InferenceScheduler
-from captiond.engines import ENGINE_NAMES, load_engine, speaker_embedder
+from captiond.engines import ENGINE_NAMES, load_engine, scheduler_models
 from captiond.engines.base import Engine
 from captiond.errors import ConfigError
 from captiond.lang.languages import AUTO_LANGUAGE, check_language
@@ -38,14 +38,15 @@ from captiond.sources.audiofile import read_audio_16k_mono, to_pcm_s16le
 from captiond.whisper import SAMPLE_RATE_HZ
 from captiond_client.stream import stream_url
 
-KINDS = ("long", "utterance", "nonspeech")
+# The corpus's kinds of clip (../shared/speech/README.md): `--clips KIND[:N]`.
+KINDS = ("long", "utterance", "nonspeech", "meeting")
 
 
 def add_options(p: argparse.ArgumentParser, default_clips: str) -> None:
     p.add_argument(
         "--clips",
         default=default_clips,
-        help="comma list of KIND[:N] (long, utterance, nonspeech; utterances with exact "
+        help="comma list of KIND[:N] (long, utterance, nonspeech, meeting; utterances with exact "
         f"references) or clip ids (default {default_clips})",
     )
     p.add_argument("--manifest", type=Path, default=None, help="speech corpus manifest.jsonl")
@@ -99,31 +100,52 @@ class BenchEnv:
     offline_rtf: dict[str, float] = field(default_factory=dict)
 
 
-# The sweep with every stream diarized (--diarize on/both), as the JSONs name it.
+# The sweep with every stream diarized (--diarize on/both), as the JSONs name it; turns ended
+# by the end-of-turn model (--end-of-turn model/both) add TURN_MODEL_SUFFIX to the name.
 DIARIZED = "captiond-diarize"
+TURN_MODEL_SUFFIX = "-turn-model"
 
 
-def add_diarize_option(p: argparse.ArgumentParser) -> None:
-    """--diarize: the daemon's streams without speaker labels, with them, or both in one run
-    (the same audio, machine and engine, so that the two compare)."""
+def add_daemon_run_options(p: argparse.ArgumentParser) -> None:
+    """--diarize and --end-of-turn: the daemon's streams without speaker labels or with them,
+    their turns ended by silence or by the end-of-turn model, or both ways in one run (the
+    same audio, machine and engine, so that they compare)."""
     p.add_argument(
         "--diarize",
         choices=("off", "on", "both"),
         default="off",
         help="diarize every stream ([stream] diarize); both: without, then with, in one run",
     )
+    p.add_argument(
+        "--end-of-turn",
+        choices=("silence", "model", "both"),
+        default=None,
+        help="what ends turns ([vad] end_of_turn; default: the config's); both: silence, then "
+        "the end-of-turn model, in one run",
+    )
 
 
-def diarize_runs(args: argparse.Namespace, env: BenchEnv) -> list[tuple[str, BenchEnv]]:
-    """The daemon runs --diarize asks for, named as the JSON keys them ("captiond" without,
-    DIARIZED with), each with its env's `[stream] diarize` set."""
-    if args.diarize != "off" and args.url:
-        raise ConfigError("bench: --diarize starts a daemon here; not with --url")
+def daemon_runs(args: argparse.Namespace, env: BenchEnv) -> list[tuple[str, BenchEnv]]:
+    """The daemon runs --diarize and --end-of-turn ask for, named as the JSON keys them
+    ("captiond", DIARIZED, each + TURN_MODEL_SUFFIX with the model), each with its env's
+    `[stream] diarize` and `[vad] end_of_turn` set."""
+    if args.url and (args.diarize != "off" or args.end_of_turn is not None):
+        raise ConfigError("bench: --diarize and --end-of-turn start a daemon here; not with --url")
+    modes = {
+        "silence": ["silence"],
+        "model": ["model"],
+        "both": ["silence", "model"],
+        None: [env.config.vad.end_of_turn],
+    }[args.end_of_turn]
     runs = []
     for name, diarize, wanted in (("captiond", False, "off"), (DIARIZED, True, "on")):
-        if args.diarize in (wanted, "both"):
+        if args.diarize not in (wanted, "both"):
+            continue
+        for mode in modes:
             config = override(env.config, "stream", diarize=diarize)
-            runs.append((name, dataclasses.replace(env, config=config)))
+            config = override(config, "vad", end_of_turn=mode)
+            suffix = TURN_MODEL_SUFFIX if mode == "model" else ""
+            runs.append((name + suffix, dataclasses.replace(env, config=config)))
     return runs
 
 
@@ -250,12 +272,11 @@ async def bench_daemon(
         max_sessions=max_sessions,
         max_sessions_per_ip=max_sessions,
     )
-    # As `captiond serve`: the speaker-embedding model loads when a diarized stream needs it.
+    # As `captiond serve`: the models every stream needs load before it serves.
     scheduler = InferenceScheduler(
         env.engine,
         config.scheduler,
-        embedder=speaker_embedder(config.engine),
-        load_embedder_at_start=config.stream.diarize,
+        **scheduler_models(config),
     )
     scheduler.start()
     try:

@@ -11,13 +11,14 @@ the share of words promised stable before their final, and unstable-word churn.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from captiond.bench.speech import SpeechRuns
-from captiond.lang.text import continuation
+from captiond.lang.text import continuation, ends_sentence
 
 Message = dict[str, Any]
 
@@ -193,6 +194,27 @@ def unstable_churn(messages: Sequence[Message]) -> int:
 
 def final_text(messages: Sequence[Message]) -> str:
     return " ".join(m["text"] for m in messages if m["type"] == "final" and m["text"])
+
+
+def endpoint_waits_ms(trace: Trace, speech: SpeechRuns) -> list[float]:
+    """At each final: how much of its latency the endpoint waited, from where the speaker last
+    stopped to its `end_ms` (the rest, `final_latencies_after_endpoint_ms`, is the decode's)."""
+    return [
+        float(m["end_ms"] - speech.stopped_by(m["end_ms"]))
+        for _, m in trace.of("final")
+        if not m.get("trailing")
+    ]
+
+
+def mid_sentence_finals(messages: Sequence[Message]) -> int:
+    """Finals that end inside a sentence the next final goes on with: no closing mark at their
+    end (text.ends_sentence), and the next final with words begins in lower case."""
+    texts = [m["text"].strip() for m in messages if m["type"] == "final" and m["text"].strip()]
+    return sum(
+        1
+        for text, after in itertools.pairwise(texts)
+        if not ends_sentence(text) and after[:1].islower()
+    )
 
 
 def speakers_found(messages: Sequence[Message]) -> int:

@@ -11,10 +11,14 @@ by its own endpointing, as in a live meeting, before captiond is sent `end` and 
 END_OF_AUDIO. Latencies count from the speech in the audio (bench.speech), the same for both. With
 --diarize both the clips are streamed to the daemon twice, without and with `[stream] diarize`
 (the JSON's "captiond" and "captiond-diarize"), so what speaker labels cost in final latency
-is measured in one run.
+is measured in one run; --end-of-turn both does the same with turns ended by silence and by the
+end-of-turn model ("captiond" and "captiond-turn-model"). Each run reports its finals' latency
+from where the speaker stopped, split into the endpoint's wait and the decode after it, and
+the finals that end inside a sentence the next final goes on with.
 
     captiond bench stream --clips long,utterance:6,nonspeech:3 --max-clip-s 240 --out DIR
     captiond bench stream --clips meeting_pub_00,spokenwoz_SNG0072 --diarize both --out DIR
+    captiond bench stream --clips meeting,long --end-of-turn both --peer whisperlive --out DIR
 """
 
 from __future__ import annotations
@@ -31,11 +35,13 @@ from captiond.bench import common
 from captiond.bench.metrics import (
     Trace,
     contradicted_stable_words,
+    endpoint_waits_ms,
     final_latencies_after_endpoint_ms,
     final_latencies_ms,
     final_text,
     first_text_s,
     last_final_before_done,
+    mid_sentence_finals,
     partial_lags_ms,
     retracted_stable_words,
     share,
@@ -67,7 +73,7 @@ TAIL_SILENCE_S = 2.0
 def add_stream_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("stream", help="per-clip WER, latency, stability vs offline and the peer")
     common.add_options(p, default_clips="long:1,utterance:6,nonspeech:3")
-    common.add_diarize_option(p)
+    common.add_daemon_run_options(p)
     p.add_argument(
         "--no-whole-file",
         dest="whole_file",
@@ -94,6 +100,8 @@ def clip_figures(
         "unstable_churn_words": unstable_churn(trace.messages),
         "last_final_before_done": last_final_before_done(trace.messages),
         "speakers": speakers_found(trace.messages),
+        "finals": len(trace.of("final")),
+        "mid_sentence_finals": mid_sentence_finals(trace.messages),
         "end_wait_s": _round(trace.ended_s - trace.sent_s[-1] if trace.ended_s else None),
     }
     if clip.kind != "nonspeech":
@@ -139,6 +147,7 @@ def _overall(
     lags = [x for c in clips for x in partial_lags_ms(runs[c.id])]
     finals = [x for c in clips for x in final_latencies_ms(runs[c.id], streamed[c.id].speech)]
     endpoint = [x for c in clips for x in final_latencies_after_endpoint_ms(runs[c.id])]
+    waits = [x for c in clips for x in endpoint_waits_ms(runs[c.id], streamed[c.id].speech)]
     promised = [stable_before_final(runs[c.id].messages) for c in clips]
     return pooled_wer(clips, texts) | {
         "reference_words": counts.reference_words,
@@ -146,6 +155,9 @@ def _overall(
         "partial_lag_ms": summary(lags),
         "final_latency_ms": summary(finals),
         "final_after_endpoint_ms": summary(endpoint),
+        "endpoint_wait_ms": summary(waits),
+        "finals": sum(len(runs[c.id].of("final")) for c in clips),
+        "mid_sentence_finals": sum(mid_sentence_finals(runs[c.id].messages) for c in clips),
         "retracted_stable_words": sum(retracted_stable_words(runs[c.id].messages) for c in clips),
         "contradicted_stable_words": sum(
             contradicted_stable_words(runs[c.id].messages) for c in clips
@@ -174,13 +186,11 @@ class Streamed:
 
 
 async def _run_ours(
-    args: argparse.Namespace, env: common.BenchEnv, streamed: dict[str, Streamed]
+    args: argparse.Namespace, name: str, env: common.BenchEnv, streamed: dict[str, Streamed]
 ) -> dict[str, Any]:
     runs: dict[str, Trace] = {}
     requests: dict[str, float] = {}
-    progress = Progress(
-        "captiond" + (" diarized" if env.config.stream.diarize else ""), len(env.clips)
-    )
+    progress = Progress(name, len(env.clips))
     async with common.bench_daemon(args, env) as daemon:
         url, scheduler = daemon.url, daemon.scheduler
         for clip in env.clips:
@@ -237,8 +247,8 @@ def _bench_stream(args: argparse.Namespace) -> int:
     streamed = {c.id: Streamed.of(c) for c in env.clips}
     loop = env.config.server.event_loop
     results: dict[str, Any] = {
-        name: run_loop(_run_ours(args, run_env, streamed), loop)
-        for name, run_env in common.diarize_runs(args, env)
+        name: run_loop(_run_ours(args, name, run_env, streamed), loop)
+        for name, run_env in common.daemon_runs(args, env)
     }
     if args.peer:
         results["whisperlive"] = run_loop(_run_peer(args, env, streamed), loop)
@@ -270,11 +280,14 @@ def _bench_stream(args: argparse.Namespace) -> int:
     plot_cdfs(args.out / f"{name}.png", f"captiond bench stream ({env.engine.name})", series)
     if "captiond" in data:
         _table(env.clips, data)
-    if common.DIARIZED in data:
-        overall = data[common.DIARIZED]["overall"]
+    for run_name in results:
+        overall = data[run_name]["overall"]
         print(
-            f"diarized: final latency p50 {overall['final_latency_ms']['p50']} ms, "
-            f"p95 {overall['final_latency_ms']['p95']} ms, WER {overall['wer_exact_refs']}"
+            f"{run_name}: final latency p50 {overall['final_latency_ms']['p50']} ms "
+            f"(endpoint wait {overall.get('endpoint_wait_ms', {}).get('p50')} ms), "
+            f"p95 {overall['final_latency_ms']['p95']} ms, WER {overall['wer_exact_refs']} "
+            f"(long {overall['wer_long_pooled']}), mid-sentence finals "
+            f"{overall.get('mid_sentence_finals')} of {overall.get('finals')}"
         )
     print(f"wrote {args.out / name}.json and .png")
     return 0

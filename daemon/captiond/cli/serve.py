@@ -99,7 +99,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(dump_toml(config), end="")
         return 0
     from captiond.decoding.scheduler import InferenceScheduler
-    from captiond.engines import speaker_embedder
+    from captiond.engines import scheduler_models
     from captiond.ops.metrics import share_across_processes
 
     metrics_dir: Path | None = None
@@ -115,8 +115,7 @@ def _serve(args: argparse.Namespace) -> int:
     scheduler = InferenceScheduler(
         load_warm_engine(config),
         config.scheduler,
-        embedder=speaker_embedder(config.engine),
-        load_embedder_at_start=config.stream.diarize,
+        **scheduler_models(config),
     )
     scheduler.start()
     notifier = Notifier()

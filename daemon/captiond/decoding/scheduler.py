@@ -5,11 +5,12 @@ process, or `remote.EngineClient` in a worker process (workers/pool.py).
 
 Two sides. The asyncio side (`submit`, event-loop thread) queues a request with a future and
 awaits it. The engine thread (the only thread that touches the engine, its models and any
-CUDA context once it runs; a speaker model every stream needs is loaded in `start`, before it)
-takes finals first, then partials, oldest first, up to `max_batch`, waiting at most
-`max_wait_ms` for a batch to fill (woken by the first request and by the one that fills it),
-and resolves the futures through `call_soon_threadsafe`. It records batch sizes, queue wait and
-engine time in the daemon's metrics.
+CUDA context once it runs; a model every stream needs is loaded in `start`, before it) takes
+turn requests first, then finals, then partials, oldest first, up to `max_batch`, waiting at
+most `max_wait_ms` for a batch to fill (woken by the first request and by the one that fills
+it); it answers the turn requests with the end-of-turn model, then decodes the rest (and embeds
+the diarized finals' speakers), and resolves the futures through `call_soon_threadsafe`. It
+records batch sizes, queue wait and engine time in the daemon's metrics.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import count
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from captiond.config import SchedulerConfig
 from captiond.engines.base import (
@@ -35,12 +36,15 @@ from captiond.engines.base import (
     EngineRequest,
     EngineResult,
     Submit,
+    TurnModel,
     embed_speakers,
+    judge_turns,
 )
 from captiond.errors import EngineFailedError
 from captiond.ops.metrics import Metrics
 
 log = logging.getLogger(__name__)
+_M = TypeVar("_M")
 
 # `/healthz` answers 503 when the engine thread's heartbeat (each batch, and once a second
 # while idle) is older than this: longer than any batch takes, shorter than a monitor waits.
@@ -101,17 +105,31 @@ class InferenceScheduler:
         *,
         embedder: Callable[[], Embedder] | None = None,
         load_embedder_at_start: bool = False,
+        turn_model: Callable[[], TurnModel] | None = None,
+        load_turn_model_at_start: bool = False,
     ) -> None:
         self._engine = engine
-        self.engine_info = dataclasses.replace(EngineInfo.of(engine), diarizes=embedder is not None)
-        # Loads the speaker-embedding model on this engine thread when a diarized final first
-        # asks for embeddings (engines.speaker_embedder); None: diarization cannot run here.
-        # A daemon that diarizes every stream ([stream] diarize) loads it in start() instead,
-        # before it serves: loading (torch's import, the weights, the first call) took 2.3 s on
-        # the 2-core VM, and every stream's decodes would wait behind it.
-        self._load_embedder = embedder
-        self._load_embedder_at_start = load_embedder_at_start
-        self._embedder: Embedder | None = None
+        self.engine_info = dataclasses.replace(
+            EngineInfo.of(engine),
+            diarizes=embedder is not None,
+            judges_turns=turn_model is not None,
+        )
+        # The models some finals ask for after their decodes, loaded on this engine thread when
+        # the first such final comes (engines.speaker_embedder, engines.turn_model); None: that
+        # model cannot run here. A daemon whose every stream needs one ([stream] diarize,
+        # [vad] end_of_turn = "model") loads it in start() instead, before it serves: loading
+        # CAM++ (torch's import, the weights, the first call) took 2.3 s on the 2-core VM, and
+        # every stream's decodes would wait behind it.
+        self._embedder = _LazyModel[Embedder]("the speaker-embedding model", embedder)
+        self._turn_model = _LazyModel[TurnModel]("the end-of-turn model", turn_model)
+        self._load_at_start = [
+            model
+            for model, at_start in (
+                (self._embedder, load_embedder_at_start),
+                (self._turn_model, load_turn_model_at_start),
+            )
+            if at_start
+        ]
         self.metrics = metrics or Metrics()
         self._max_batch = max(1, config.max_batch or engine.max_batch)
         self._max_wait_s = config.max_wait_ms / 1000
@@ -127,11 +145,11 @@ class InferenceScheduler:
         return self._engine
 
     def start(self) -> None:
-        """Load the speaker model if every stream needs it, start the engine thread, and
+        """Load the models every stream needs, start the engine thread, and
         shorten the interpreter's switch interval for the process (ENGINE_SWITCH_INTERVAL_S)."""
         sys.setswitchinterval(min(sys.getswitchinterval(), ENGINE_SWITCH_INTERVAL_S))
-        if self._load_embedder_at_start:
-            self._ready_embedder()  # before the thread takes its first batch
+        for model in self._load_at_start:
+            model.get()  # before the thread takes its first batch
         self._thread.start()
 
     def stream(self, key: str) -> Submit:
@@ -163,7 +181,8 @@ class InferenceScheduler:
         """Queue one request and wait for its result (EngineFailedError if the engine raised)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[EngineResult] = loop.create_future()
-        rank = 0 if request.kind is DecodeKind.FINAL else 1
+        # Turn requests first (a verdict makes a final due), then finals, then partials.
+        rank = {DecodeKind.TURN: -1, DecodeKind.FINAL: 0, DecodeKind.PARTIAL: 1}[request.kind]
         with self._cond:
             if self._stopping:
                 raise EngineFailedError("the engine is shutting down")
@@ -207,6 +226,9 @@ class InferenceScheduler:
     def _run(self) -> None:
         while (batch := self._take_batch()) is not None:
             live = [item for item in batch if not item.future.cancelled()]
+            if turns := [item for item in live if item.request.kind is DecodeKind.TURN]:
+                self._answer_turns(turns)
+                live = [item for item in live if item.request.kind is not DecodeKind.TURN]
             if not live:
                 continue
             started = time.monotonic()
@@ -223,7 +245,7 @@ class InferenceScheduler:
                     for item in live:
                         self._run_alone(item)
             else:
-                results = self._embed_speakers(live, results)
+                results = self._after_decodes(live, results)
                 for item, result in zip(live, results, strict=True):
                     _answer(item, _set_result, result)
             self.stats.requests += len(live)
@@ -238,47 +260,66 @@ class InferenceScheduler:
         except Exception as exc:
             _fail(item, exc)
         else:
-            (result,) = self._embed_speakers([item], [result])
+            (result,) = self._after_decodes([item], [result])
             _answer(item, _set_result, result)
 
-    def _embed_speakers(
-        self, batch: list[_Item], results: list[EngineResult]
-    ) -> list[EngineResult]:
+    def _after_decodes(self, batch: list[_Item], results: list[EngineResult]) -> list[EngineResult]:
         """The batch's results with the speaker embeddings its diarized finals asked for, all
         in one call of the embedding model. A model that cannot load or fails leaves them
         without: their finals then say no speaker, and their text is not lost."""
         requests = [item.request for item in batch]
-        if not any(request.speaker_windows for request in requests):
-            return results
-        started = time.monotonic()
-        embedder = self._ready_embedder()
-        if embedder is None:
-            return results
-        try:
-            results = embed_speakers(embedder, requests, results)
-        except Exception:
-            log.exception("speaker embeddings failed: these finals go without speakers")
-        self.metrics.diarization_seconds.observe(time.monotonic() - started)
+        if any(request.speaker_windows for request in requests):
+            started = time.monotonic()
+            if (embedder := self._embedder.get()) is not None:
+                try:
+                    results = embed_speakers(embedder, requests, results)
+                except Exception:
+                    log.exception("speaker embeddings failed: these finals go without speakers")
+                self.metrics.diarization_seconds.observe(time.monotonic() - started)
         return results
 
-    def _ready_embedder(self) -> Embedder | None:
-        """The speaker-embedding model, loaded on its first use (tried once: a model that
-        cannot load is logged, and diarized finals then go without speakers)."""
-        if self._embedder is None:
-            load, self._load_embedder = self._load_embedder, None
-            if load is None:
-                return None
+    def _answer_turns(self, turns: list[_Item]) -> None:
+        """Answer the batch's turn requests (`DecodeKind.TURN`) before its decodes, in one
+        call of the end-of-turn model: a verdict ends an utterance now, and the final it makes
+        due is then decoded sooner. A model that cannot load or fails answers no verdict:
+        those turns wait for the longest pause (streaming/vad.py)."""
+        started = time.monotonic()
+        results = [EngineResult(text="") for _ in turns]
+        if (turn_model := self._turn_model.get()) is not None:
             try:
-                self._embedder = load()
+                results = judge_turns(turn_model, [item.request for item in turns])
             except Exception:
-                log.exception("the speaker-embedding model did not load: no speakers")
-        return self._embedder
+                log.exception("the end-of-turn model failed: these turns wait for silence")
+            self.metrics.turn_seconds.observe(time.monotonic() - started)
+        for item, result in zip(turns, results, strict=True):
+            _answer(item, _set_result, result)
 
     def _observe(self, batch: list[_Item], started: float) -> None:
         self.metrics.batch_size.observe(len(batch))
         for item in batch:
             self.metrics.queue_wait_seconds.observe(started - item.queued_monotonic)
             self.metrics.decode_requests.labels(kind=item.request.kind.value).inc()
+
+
+class _LazyModel(Generic[_M]):
+    """A model loaded on its first use (engine thread), tried once: one that cannot load is
+    logged, and the finals that ask for it go without its answer."""
+
+    def __init__(self, name: str, load: Callable[[], _M] | None) -> None:
+        self._name = name
+        self._load = load
+        self._model: _M | None = None
+
+    def get(self) -> _M | None:
+        if self._model is None:
+            load, self._load = self._load, None
+            if load is None:
+                return None
+            try:
+                self._model = load()
+            except Exception:
+                log.exception("%s did not load", self._name)
+        return self._model
 
 
 def _answer(

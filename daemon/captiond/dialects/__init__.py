@@ -18,7 +18,7 @@ from typing import Protocol
 
 from captiond.errors import SessionError
 from captiond.lang.languages import LanguageSetting
-from captiond.streaming.events import Ack, Control, ServerMessage, StreamParams
+from captiond.streaming.events import Ack, Control, ServerMessage, StreamParams, TurnParams
 
 # Raises a SessionError (bad_message) for a Whisper language code the daemon's model cannot
 # caption: English-only models take only English, and Cantonese came with large-v3
@@ -33,8 +33,8 @@ def any_language(code: str) -> None:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Received:
     """What one client frame means: audio to feed, a control for the session, the language
-    of the audio, the stream's prompt and whether a pause ends an utterance from now on (a
-    session update; None: unchanged), replies to send at once, and those to send when the
+    of the audio, the stream's prompt, whether a pause ends an utterance and how turns end from
+    now on (a session update; None: unchanged), replies to send at once, and those to send when the
     control ends no utterance (a commit with no speech to end)."""
 
     audio: bytes = b""
@@ -42,6 +42,8 @@ class Received:
     language: LanguageSetting | None = None
     prompt: str | None = None
     ends_at_pauses: bool | None = None
+    # How the stream's turns end from now on (a vendor's turn-detection keys).
+    turn: TurnParams | None = None
     replies: tuple[str, ...] = ()
     if_nothing_ends: tuple[str, ...] = ()
 

@@ -23,9 +23,8 @@ cost every decode an alignment pass), but the SDK's Word requires times and a co
 interim Turn's word times are interpolated, not measured: spread evenly over the part of the
 segment not yet taken by earlier words, and kept once the word is final (word_is_final: they do
 not change in later interim Turns), with confidence 0.0. The end-of-turn Turn replaces them with
-the measured ones (its text is the same). An engine without word timings (torch_graph, for
-now) gives end-of-turn Turns their transcript and no words. `end_of_turn_confidence` is 1.0 on a
-final and 0.0 otherwise: the daemon's endpoint decides, it is not a model's score.
+the measured ones (its text is the same). `end_of_turn_confidence` is 1.0 on a
+final and 0.0 otherwise: it says which Turn ends the turn, not a model's score.
 
 `keyterms_prompt` (in the query or an `UpdateConfiguration`; `[]` clears it) becomes the stream's
 prompt: the terms, comma-separated, which Whisper reads before every decode's previous text.
@@ -37,12 +36,17 @@ Chinese); several codes are the languages each utterance's is detected among (As
 knows); `universal-streaming-english` with none is English. The model itself is captiond's.
 
 Unsupported: pcm_mulaw and the compressed encodings (an error: captiond takes linear PCM);
-the model that `speech_model` names, turn-detection thresholds (`end_of_turn_confidence_threshold`,
-`min_turn_silence`, `max_turn_silence`, `vad_threshold`: captiond's VAD ends turns),
+the model that `speech_model` names, `vad_threshold` (captiond's VAD finds speech),
 `prompt` (an instruction to AssemblyAI's model, which Whisper would read as words said before),
 `inactivity_timeout` (the daemon's `[server] idle_timeout_s` applies, and KeepAlive does not hold
 it), PII redaction, `Heartbeat`: ignored, as are unknown fields.
 `expires_at` is nominal (AssemblyAI's 3-hour limit): captiond ends no session for its age.
+
+Turn detection: `end_of_turn_confidence_threshold`, `min_end_of_turn_silence_when_confident`
+(or `min_turn_silence`) and `max_turn_silence`, in the query or an `UpdateConfiguration`, end
+the stream's turns by the end-of-turn model (`[vad] end_of_turn = "model"`, streaming/vad.py):
+its threshold, the pause it is asked at, and the longest pause a turn it calls unfinished
+waits for. A daemon without the model refuses them; without them the daemon's `[vad]` decides.
 
 `speaker_labels=true` (with `max_speakers`) diarizes the stream (streaming/speakers.py): an
 ended Turn has its `speaker_label` (`A`, `B`, …) and each of its words its `speaker`; a turn in
@@ -73,6 +77,7 @@ from captiond.streaming.events import (
     ServerMessage,
     SpeechStarted,
     StreamParams,
+    TurnParams,
 )
 
 # Control messages are small; UpdateConfiguration may carry key terms and a prompt.
@@ -122,6 +127,7 @@ class AssemblyAIDialect:
         self._language_detection = False
         self._can_caption: LanguageCheck = any_language
         self._turns: dict[int, _Turn] = {}  # by segment: turns not ended yet
+        self._turn_params = TurnParams()  # the stream's turn detection, as its keys set it
 
     # -- client → daemon ---------------------------------------------------------------------
 
@@ -155,7 +161,8 @@ class AssemblyAIDialect:
             params = replace(params, diarize=_flag(query, "speaker_labels"))
         if "max_speakers" in query:
             params = replace(params, max_speakers=parse_max_speakers(query["max_speakers"]))
-        return params
+        self._turn_params = _turn_of(query, TurnParams())
+        return replace(params, turn=self._turn_params)
 
     def receive(self, frame: str | bytes) -> Received:
         if isinstance(frame, bytes):
@@ -186,9 +193,12 @@ class AssemblyAIDialect:
             for code in (language.code, *language.candidates):
                 self._can_caption(code)
         prompt = None if keyterms is None else _prompt_of(keyterms)
+        turn = _turn_of(message, self._turn_params)
         if format_turns is not None:
             self._format_turns = format_turns
-        return Received(language=language, prompt=prompt)
+        changed = turn != self._turn_params
+        self._turn_params = turn
+        return Received(language=language, prompt=prompt, turn=turn if changed else None)
 
     # -- daemon → client ---------------------------------------------------------------------
 
@@ -348,6 +358,38 @@ def speaker_letter(speaker: int) -> str:
     """AssemblyAI's speaker label: A, B, … Z, then AA, AB, …"""
     head, last = divmod(speaker, 26)
     return (speaker_letter(head - 1) if head else "") + chr(ord("A") + last)
+
+
+# AssemblyAI's turn-detection keys and the `TurnParams` field each sets; the two names of the
+# shortest silence are the v3 API's older and newer spelling.
+_TURN_KEYS = {
+    "end_of_turn_confidence_threshold": "end_of_turn_threshold",
+    "min_end_of_turn_silence_when_confident": "end_of_turn_pause_ms",
+    "min_turn_silence": "end_of_turn_pause_ms",
+    "max_turn_silence": "max_turn_silence_ms",
+}
+
+
+def _turn_of(keys: Mapping[str, Any], turn: TurnParams) -> TurnParams:
+    """`turn` with the turn-detection keys among `keys` (the query's strings, or an
+    UpdateConfiguration's numbers): any of them makes the end-of-turn model end the stream's
+    turns, as AssemblyAI's model does, at its confidence threshold, asked after its shortest
+    silence and waiting at most its longest."""
+    changes: dict[str, Any] = {}
+    for key, name in _TURN_KEYS.items():
+        if (value := keys.get(key)) is None:
+            continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise BadMessageError(f"Input validation error: {key} must be a number") from None
+        changes[name] = number if name == "end_of_turn_threshold" else round(number)
+    if not changes:
+        return turn
+    try:
+        return replace(turn, end_of_turn="model", **changes)
+    except BadMessageError as exc:
+        raise BadMessageError(f"Input validation error: {exc}") from None
 
 
 def _flag(query: Mapping[str, str], name: str) -> bool:

@@ -26,10 +26,12 @@ Words: a final's carry their measured `start`, `end` and `confidence` (Whisper's
 and token probabilities, streaming/words.py); the alternative's `confidence` is the mean of its
 words'; `UtteranceEnd.last_word_end` is the last word's end. Interim results carry no words
 (partials are not aligned) and `confidence` 0.0; so does a final word the decode did not write
-(kept from its partials), and an engine without word timings (torch_graph, for now) gives finals no
-words. Endpointing is the daemon's (`[vad] endpoint_silence_ms`) whatever `endpointing` or
-`utterance_end_ms` say. The idle timeout counts audio only: a stream that sends only `KeepAlive`
-for `[server] idle_timeout_s` is closed (1011, `NET-0001`) where Deepgram would keep it.
+(kept from its partials). `endpointing=N` (milliseconds) ends the stream's turns at N ms of
+silence (`[vad] end_of_turn = "silence"` with `endpoint_silence_ms` N, as Deepgram's endpointing
+is a silence length); without it the daemon's `[vad]` decides. `utterance_end_ms` sends an
+`UtteranceEnd` after each final a pause ended (at the turn's endpoint, whatever its value). The
+idle timeout counts audio only: a stream that sends only `KeepAlive` for `[server]
+idle_timeout_s` is closed (1011, `NET-0001`) where Deepgram would keep it.
 `diarize=true` diarizes the stream (streaming/speakers.py): each final word has its `speaker`
 (an integer from 0, as Deepgram's); a final is one speaker's, so a turn with a speaker change
 is two `Results`; interim results have no words, so no speakers.
@@ -74,6 +76,7 @@ from captiond.errors import (
 from captiond.lang.languages import prompt_of_terms
 from captiond.lang.text import join_units, plain_unit, units
 from captiond.streaming.events import (
+    MAX_TURN_SILENCE_MS,
     Control,
     Done,
     Error,
@@ -84,6 +87,7 @@ from captiond.streaming.events import (
     SpeechStarted,
     SpeechStopped,
     StreamParams,
+    TurnParams,
 )
 from captiond.whisper import SAMPLE_RATE_HZ
 
@@ -166,6 +170,25 @@ class ListenOptions:
 _MAX_FLUSHES = 64
 
 
+def _endpointing(value: str | None) -> TurnParams:
+    """`endpointing=N`: turns end at N ms of silence (at least one 30-ms VAD frame, at most
+    MAX_TURN_SILENCE_MS), as Deepgram's do; `false`, or none, leaves it to the daemon."""
+    if value is None or value.strip().lower() in ("false", "true"):
+        return TurnParams()
+    try:
+        silence_ms = int(value)
+    except ValueError:
+        raise BadMessageError(
+            f"endpointing must be false or milliseconds, got {value[:20]!r}"
+        ) from None
+    silence_ms = min(max(silence_ms, 30), MAX_TURN_SILENCE_MS)
+    return TurnParams(
+        end_of_turn="silence",
+        endpoint_silence_ms=silence_ms,
+        unfinished_endpoint_silence_ms=silence_ms,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class _Flush:
     """A Finalize (or CloseStream) the client sent when `at_ms` of audio had arrived."""
@@ -229,6 +252,7 @@ class DeepgramDialect:
             params,
             prompt=prompt_of_terms(terms, "keyterm") if terms else None,
             diarize=self._diarize if "diarize" in query else None,
+            turn=_endpointing(query.get("endpointing")),
         )
 
     # -- client → daemon ---------------------------------------------------------------------

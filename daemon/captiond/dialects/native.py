@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import parse_qsl
 
 from captiond.config import MAX_SPEAKERS
@@ -22,7 +23,10 @@ from captiond.streaming.events import (
     Control,
     ServerMessage,
     StreamParams,
+    TurnParams,
 )
+
+_N = TypeVar("_N", int, float)
 
 # Control messages are a few dozen bytes; a text frame this long is not one.
 MAX_CONTROL_BYTES = 4_096
@@ -82,7 +86,23 @@ def parse_stream_params(query: Mapping[str, str], default_language: str) -> Stre
         chinese_variant=language.chinese_variant,
         task=task,
         prompt=None if prompt is None else check_prompt(prompt),
+        turn=TurnParams(
+            end_of_turn=query.get("end_of_turn"),
+            end_of_turn_threshold=parse_number(query, "end_of_turn_threshold", float),
+            max_turn_silence_ms=parse_number(query, "max_turn_silence_ms", int),
+        ),
     )
+
+
+def parse_number(query: Mapping[str, str], key: str, kind: type[_N]) -> _N | None:
+    """A number query parameter (None: not given); its range is the caller's to check."""
+    text = query.get(key)
+    if text is None:
+        return None
+    try:
+        return kind(text)
+    except ValueError:
+        raise BadMessageError(f"{key} must be a number, got {text[:20]!r}") from None
 
 
 def parse_flag(query: Mapping[str, str], key: str) -> bool | None:

@@ -25,9 +25,11 @@ What differs from OpenAI, and why:
   always starts with the stable words). `.completed` carries the final's full text and comes
   after the item's `committed`. Deltas may come before `committed`: the daemon transcribes as
   the audio arrives instead of after the commit.
-- `server_vad` and `semantic_vad` are the daemon's VAD ([vad] config, whose endpoint waits
-  longer after words that end no sentence, as `semantic_vad` does; `server_vad` parameters and
-  `semantic_vad`'s eagerness are not applied). With `turn_detection: null` (push to
+- `server_vad` is the daemon's VAD ([vad] config), its turns ended by `silence_duration_ms` of
+  silence when that is given (its other parameters are not applied). `semantic_vad` ends turns
+  by the end-of-turn model (`[vad] end_of_turn = "model"`, streaming/vad.py), its `eagerness`
+  setting the model's threshold and the longest pause an unfinished turn waits for
+  (`EAGERNESS`); a daemon without the model refuses it. With `turn_detection: null` (push to
   talk) no speech events are sent and only `.commit` ends an item (Control.FINALIZE), however
   long the speaker pauses: one item per commit. The VAD still finds where speech begins (the
   silence before it is not decoded, and a commit of silence alone makes no item), and an item
@@ -80,6 +82,7 @@ from captiond.dialects import LanguageCheck, Received, any_language
 from captiond.errors import BadMessageError, CaptiondError, SessionError, close_code_for
 from captiond.lang.languages import LanguageSetting, check_prompt, parse_language_tag
 from captiond.streaming.events import (
+    MAX_TURN_SILENCE_MS,
     Control,
     Error,
     Final,
@@ -89,6 +92,7 @@ from captiond.streaming.events import (
     SpeechStarted,
     SpeechStopped,
     StreamParams,
+    TurnParams,
 )
 
 SAMPLE_RATE_HZ = 24_000  # the only rate OpenAI's pcm format has
@@ -119,7 +123,8 @@ class OpenAIRealtimeDialect:
         self._language = ""
         self._can_caption: LanguageCheck = any_language
         self._prompt = ""
-        self._server_vad = True
+        # As the session echoes it; None: push to talk (no speech events).
+        self._turn_detection: dict[str, Any] | None = {"type": "server_vad"}
         self._event_ids = count()
         self._odd_byte = b""  # half a sample: appends need not split audio on samples
         self._open_start_ms = 0  # the utterance speech_stopped ends
@@ -196,21 +201,27 @@ class OpenAIRealtimeDialect:
         audio_input = _field(_field(session.get("audio"), "session.audio").get("input"), param)
         if "format" in audio_input:
             _check_format(_field(audio_input["format"], f"{param}.format"))
-        server_vad = None
+        server_vad = turn = None
         if "turn_detection" in audio_input:
-            server_vad = _is_server_vad(audio_input["turn_detection"])
+            detection, turn = _turn_detection(audio_input["turn_detection"])
+            server_vad = detection is not None
         transcription = _field(audio_input.get("transcription"), f"{param}.transcription")
         language = _language(transcription, self._can_caption)
         prompt = _prompt(transcription)
         logprobs = _include(session["include"]) if "include" in session else self._logprobs
         self._logprobs = logprobs
-        self._server_vad = self._server_vad if server_vad is None else server_vad
+        if turn is not None:
+            self._turn_detection = detection
         if language is not None:
             self._language = str(transcription["language"])  # echoed as the client wrote it
         self._prompt = self._prompt if prompt is None else prompt
         updated = self._event("session.updated", session=self._session_object())
         return Received(
-            language=language, prompt=prompt, ends_at_pauses=server_vad, replies=(updated,)
+            language=language,
+            prompt=prompt,
+            ends_at_pauses=server_vad,
+            turn=turn,
+            replies=(updated,),
         )
 
     # -- session messages --------------------------------------------------------------------
@@ -240,7 +251,7 @@ class OpenAIRealtimeDialect:
         return []  # done: never comes, this protocol has no end of input
 
     def _speech(self, kind: str, **at_ms: int) -> list[str]:
-        if not self._server_vad:
+        if self._turn_detection is None:
             return []  # OpenAI sends speech events in server_vad mode only
         return [self._event(kind, **at_ms, item_id=self._item(self._open_start_ms))]
 
@@ -294,7 +305,7 @@ class OpenAIRealtimeDialect:
                 "input": {
                     "format": {"type": "audio/pcm", "rate": SAMPLE_RATE_HZ},
                     "transcription": transcription,
-                    "turn_detection": {"type": "server_vad"} if self._server_vad else None,
+                    "turn_detection": self._turn_detection,
                     "noise_reduction": None,
                 }
             },
@@ -386,16 +397,55 @@ def _check_format(audio_format: dict[str, Any]) -> None:
         )
 
 
-def _is_server_vad(turn_detection: object) -> bool:
-    """Whether speech events are sent: null turns them off; either VAD is the daemon's."""
+# semantic_vad's eagerness: the end-of-turn model's threshold and the longest pause a turn it
+# calls unfinished waits for. "medium" (and "auto", OpenAI's default, which is medium) is the
+# daemon's default; "low" lets the speaker take their time, "high" ends turns soonest.
+EAGERNESS = {
+    "low": TurnParams(end_of_turn="model", end_of_turn_threshold=0.7, max_turn_silence_ms=3_000),
+    "medium": TurnParams(end_of_turn="model", end_of_turn_threshold=0.5, max_turn_silence_ms=1_500),
+    "auto": TurnParams(end_of_turn="model", end_of_turn_threshold=0.5, max_turn_silence_ms=1_500),
+    "high": TurnParams(end_of_turn="model", end_of_turn_threshold=0.3, max_turn_silence_ms=800),
+}
+
+
+def _turn_detection(turn_detection: object) -> tuple[dict[str, Any] | None, TurnParams]:
+    """The turn detection as the session echoes it, and how the stream's turns end: null
+    turns speech events off (push to talk); `server_vad` ends turns at `silence_duration_ms`
+    of silence when given (else the daemon's [vad]); `semantic_vad` by the end-of-turn model
+    at its `eagerness` (EAGERNESS)."""
     if turn_detection is None:
-        return False
+        return None, TurnParams()
     param = "session.audio.input.turn_detection"
-    if _field(turn_detection, param).get("type") not in ("server_vad", "semantic_vad"):
-        raise _Refused(
-            "invalid_value", "turn_detection must be server_vad, semantic_vad or null", param
+    fields = _field(turn_detection, param)
+    kind = fields.get("type")
+    if kind == "semantic_vad":
+        eagerness = fields.get("eagerness", "auto")
+        if eagerness not in EAGERNESS:
+            raise _Refused(
+                "invalid_value",
+                "eagerness must be low, medium, high or auto",
+                f"{param}.eagerness",
+            )
+        return {"type": kind, "eagerness": eagerness}, EAGERNESS[eagerness]
+    if kind == "server_vad":
+        silence_ms = fields.get("silence_duration_ms")
+        if silence_ms is None:
+            return {"type": kind}, TurnParams()
+        if not isinstance(silence_ms, int) or not 30 <= silence_ms <= MAX_TURN_SILENCE_MS:
+            raise _Refused(
+                "invalid_value",
+                f"silence_duration_ms must be an integer from 30 to {MAX_TURN_SILENCE_MS}",
+                f"{param}.silence_duration_ms",
+            )
+        turn = TurnParams(
+            end_of_turn="silence",
+            endpoint_silence_ms=silence_ms,
+            unfinished_endpoint_silence_ms=silence_ms,
         )
-    return True
+        return {"type": kind, "silence_duration_ms": silence_ms}, turn
+    raise _Refused(
+        "invalid_value", "turn_detection must be server_vad, semantic_vad or null", param
+    )
 
 
 def _prompt(transcription: dict[str, Any]) -> str | None:

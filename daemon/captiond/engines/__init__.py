@@ -9,13 +9,14 @@ Engine modules are imported lazily so that `import captiond` never imports torch
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from captiond.engines.base import Embedder, Engine
-from captiond.engines.models import diarization_available
+from captiond.engines.base import Embedder, Engine, TurnModel
+from captiond.engines.models import TURN_MODEL_HINT, diarization_available, turn_model_available
+from captiond.errors import ConfigError
 
 if TYPE_CHECKING:
-    from captiond.config import EngineConfig
+    from captiond.config import Config, EngineConfig
 
 ENGINE_NAMES = ("auto", "faster-whisper", "torch_graph", "fake")
 
@@ -93,3 +94,33 @@ def speaker_embedder(config: EngineConfig) -> Callable[[], Embedder] | None:
         return SpeakerEmbedder(device)
 
     return load
+
+
+def turn_model(config: Config) -> Callable[[], TurnModel] | None:
+    """How the engine thread loads the end-of-turn model (engines/turn.py) when a stream whose
+    turns end by it first asks; None when it is not installed. A daemon whose turns end by it
+    (`[vad] end_of_turn = "model"`) cannot start without it."""
+    if not turn_model_available():
+        if config.vad.end_of_turn == "model":
+            raise ConfigError(TURN_MODEL_HINT)
+        return None
+    threads = resolve_engine_config(config.engine).cpu_threads
+
+    def load() -> TurnModel:
+        from captiond.engines.turn import SmartTurn
+
+        return SmartTurn(threads)
+
+    return load
+
+
+def scheduler_models(config: Config) -> dict[str, Any]:
+    """The models the engine thread runs after decodes (`InferenceScheduler`'s keywords), as
+    `captiond serve` and the benches' daemons load them: the ones every stream needs before
+    the daemon serves, the others when a stream first asks."""
+    return {
+        "embedder": speaker_embedder(config.engine),
+        "load_embedder_at_start": config.stream.diarize,
+        "turn_model": turn_model(config),
+        "load_turn_model_at_start": config.vad.end_of_turn == "model",
+    }

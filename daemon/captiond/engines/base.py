@@ -20,13 +20,22 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 from captiond.errors import BadMessageError
 from captiond.lang.languages import AUTO_LANGUAGE, LanguageSetting, check_model_language
+from captiond.whisper import SAMPLE_RATE_HZ
+
+# What the end-of-turn model reads of a turn: its last 8 s (engines/turn.py).
+TURN_WINDOW_S = 8
+TURN_WINDOW_SAMPLES = TURN_WINDOW_S * SAMPLE_RATE_HZ
 
 
 class DecodeKind(enum.Enum):
-    """Why a decode was asked for: partials are revisable, finals are committed."""
+    """Why a decode was asked for: partials are revisable, finals are committed. A turn
+    request is no decode: the end-of-turn model judges its audio, a turn up to a pause, and
+    the scheduler answers it before the batch's decodes (`judge_turns`); engines never see
+    one."""
 
     PARTIAL = "partial"
     FINAL = "final"
+    TURN = "turn"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,6 +136,9 @@ class EngineResult:
     # One unit-length speaker embedding per `EngineRequest.speaker_windows` span, embedded
     # after the batch's decodes (`embed_speakers`); empty when none was asked for.
     speaker_embeddings: tuple[tuple[float, ...], ...] = ()
+    # A turn request's answer: the probability that the speaker's turn is over at the end of
+    # its audio (`judge_turns`); None for decodes, and when the model could not answer.
+    turn_probability: float | None = None
 
 
 class Embedder(Protocol):
@@ -158,6 +170,21 @@ def embed_speakers(
         out.append(result)
         row += taken
     return out
+
+
+class TurnModel(Protocol):
+    """An end-of-turn model (engines/turn.py), run on the engine thread."""
+
+    def complete(self, turns: Sequence[npt.NDArray[np.float32]]) -> list[float]:
+        """For each turn's audio, the probability that its speaker is done."""
+        ...
+
+
+def judge_turns(model: TurnModel, requests: Sequence[EngineRequest]) -> list[EngineResult]:
+    """The answers to turn requests (`DecodeKind.TURN`), every turn judged in one call
+    (engine thread)."""
+    probabilities = model.complete([request.audio for request in requests])
+    return [EngineResult(text="", turn_probability=p) for p in probabilities]
 
 
 def begins_with_space(written: str) -> bool:
@@ -246,6 +273,8 @@ class EngineInfo:
     tokenizer_path: str = ""  # see `token_counter` ("": the bundled model's)
     # A speaker-embedding model comes with the engine: streams may be diarized.
     diarizes: bool = False
+    # An end-of-turn model comes with the engine: turns may end by it ([vad] end_of_turn).
+    judges_turns: bool = False
 
     @property
     def english_only(self) -> str:

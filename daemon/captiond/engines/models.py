@@ -555,3 +555,31 @@ def speaker_weights_path() -> Path | None:
 def diarization_available() -> bool:
     """Whether diarization can run here: torch and the CAM++ weights are installed."""
     return importlib.util.find_spec("torch") is not None and speaker_weights_path() is not None
+
+
+# -- the end-of-turn model (engines/turn.py) ----------------------------------------------------
+
+_TURN_MODEL = "audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"
+TURN_MODEL_HINT = (
+    '[vad] end_of_turn = "model" needs onnxruntime and the Smart Turn v3.2 model inside the '
+    "pipecat-ai wheel: pip install onnxruntime && pip install --no-deps pipecat-ai==1.14.0"
+)
+
+
+def turn_model_path() -> Path | None:
+    """Where the installed pipecat-ai wheel keeps Smart Turn v3.2 (Daily, BSD-2-Clause), found
+    without importing pipecat (its import needs the dependencies it was installed without);
+    None when it is not installed."""
+    spec = importlib.util.find_spec("pipecat")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / _TURN_MODEL
+        if path.is_file():
+            return path
+    return None
+
+
+def turn_model_available() -> bool:
+    """Whether the end-of-turn model can run here: onnxruntime and its ONNX file installed."""
+    return importlib.util.find_spec("onnxruntime") is not None and turn_model_path() is not None

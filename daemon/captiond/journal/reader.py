@@ -17,7 +17,7 @@ from captiond.lang.chinese import VARIANTS
 from captiond.lang.languages import parse_language
 from captiond.lang.text import join_texts
 from captiond.samples import ms_to_samples
-from captiond.streaming.events import StreamParams, Word
+from captiond.streaming.events import StreamParams, TurnParams, Word
 from captiond.streaming.utterance import StreamOrigin
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,7 @@ class JournalSession:
             max_speakers=None
             if header.get("max_speakers") is None
             else int(header["max_speakers"]),
+            turn=TurnParams(**header.get("turn", {})),
         )
 
     def origin(self) -> StreamOrigin:

@@ -72,6 +72,12 @@ class Metrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
+        self.turn_seconds = Histogram(
+            "captiond_turn_seconds",
+            "End-of-turn model time per engine batch with turns to judge",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
         self.engine_phase_seconds = Counter(
             "captiond_engine_phase_seconds",
             "Engine time by phase of its batches (named by the engine)",

@@ -31,6 +31,7 @@ from captiond.config import ServerConfig
 from captiond.dialects import Dialect
 from captiond.dialects.native import NativeDialect
 from captiond.engines.base import EngineInfo, Submit
+from captiond.engines.models import TURN_MODEL_HINT
 from captiond.errors import (
     CLOSE_DROPPED,
     CLOSE_NORMAL,
@@ -408,6 +409,10 @@ class LiveStream:
                     session.set_prompt(received.prompt)
                 if received.ends_at_pauses is not None:
                     session.set_ends_at_pauses(received.ends_at_pauses)
+                if received.turn is not None:
+                    if received.turn.end_of_turn == "model" and not self._engine.judges_turns:
+                        raise BadMessageError(TURN_MODEL_HINT)
+                    session.set_turn(received.turn)
                 if isinstance(control, Ack):
                     self.held.ack(control.segment)
                     continue

@@ -37,7 +37,7 @@ from captiond.decoding.scheduler import HEALTHY_WITHIN_S, Decoder
 from captiond.dialects import Dialect
 from captiond.dialects.endpoints import ENDPOINTS
 from captiond.dialects.native import NativeDialect, Query, ResumeRequest, parse_resume, parse_since
-from captiond.engines.models import SPEAKER_MODEL_HINT
+from captiond.engines.models import SPEAKER_MODEL_HINT, TURN_MODEL_HINT
 from captiond.engines.rules import token_counter
 from captiond.engines.speech_gate import applies
 from captiond.errors import (
@@ -416,6 +416,8 @@ class Daemon:
         diarize = self.config.stream.diarize if params.diarize is None else params.diarize
         if diarize and not engine.diarizes:
             raise BadMessageError(SPEAKER_MODEL_HINT)
+        if params.turn.end_of_turn == "model" and not engine.judges_turns:
+            raise BadMessageError(TURN_MODEL_HINT)
         return params
 
     def _open_stream(
@@ -463,6 +465,7 @@ class Daemon:
                     "chinese_variant": params.chinese_variant,
                     "diarize": params.diarize,
                     "max_speakers": params.max_speakers,
+                    "turn": params.turn.journal(),
                     "resume_sha256": resume_key.secret_sha256 if resume_key else None,
                 },
                 continues=continues,

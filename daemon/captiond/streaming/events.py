@@ -14,12 +14,63 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from captiond import PROTOCOL
+from captiond.config import END_OF_TURN_MODES, VadConfig
+from captiond.errors import BadMessageError
 from captiond.lang.languages import AUTO_LANGUAGE, LanguageSetting, parse_language
 from captiond.whisper import SAMPLE_RATE_HZ
 
 ENCODINGS = {"pcm_s16le": 2, "f32le": 4}
 MIN_SAMPLE_RATE_HZ = 8_000
 MAX_SAMPLE_RATE_HZ = 192_000
+
+
+# The longest pause a client may ask a turn to wait for (`TurnParams`).
+MAX_TURN_SILENCE_MS = 10_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnParams:
+    """How a stream's turns end where its client said so (v1's query, a vendor's keys); None
+    keeps the daemon's `[vad]` value of that name (config.VadConfig)."""
+
+    end_of_turn: str | None = None  # "model" or "silence"
+    end_of_turn_threshold: float | None = None
+    end_of_turn_pause_ms: int | None = None
+    max_turn_silence_ms: int | None = None
+    endpoint_silence_ms: int | None = None
+    unfinished_endpoint_silence_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.end_of_turn is not None and self.end_of_turn not in END_OF_TURN_MODES:
+            raise BadMessageError(f"end_of_turn must be one of {', '.join(END_OF_TURN_MODES)}")
+        if self.end_of_turn_threshold is not None and not 0 <= self.end_of_turn_threshold <= 1:
+            raise BadMessageError("end_of_turn_threshold must be from 0 to 1")
+        for name in (
+            "end_of_turn_pause_ms",
+            "max_turn_silence_ms",
+            "endpoint_silence_ms",
+            "unfinished_endpoint_silence_ms",
+        ):
+            value = getattr(self, name)
+            if value is not None and not 30 <= value <= MAX_TURN_SILENCE_MS:
+                raise BadMessageError(f"{name} must be from 30 to {MAX_TURN_SILENCE_MS} ms")
+
+    def applied_to(self, vad: VadConfig) -> VadConfig:
+        """`vad` with this stream's own values; a pause that asks the model later than the
+        longest wait asks it at that wait."""
+        changes = {
+            field.name: getattr(self, field.name)
+            for field in dataclasses.fields(self)
+            if getattr(self, field.name) is not None
+        }
+        vad = dataclasses.replace(vad, **changes)
+        if vad.end_of_turn_pause_ms > vad.max_turn_silence_ms:
+            vad = dataclasses.replace(vad, end_of_turn_pause_ms=vad.max_turn_silence_ms)
+        return vad
+
+    def journal(self) -> dict[str, Any]:
+        """The values a client set, as the journal's header keeps them."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +94,8 @@ class StreamParams:
     # and `max_speakers`.
     diarize: bool | None = None
     max_speakers: int | None = None
+    # How its turns end (`?end_of_turn=`, a vendor's turn keys); unset: the daemon's [vad].
+    turn: TurnParams = TurnParams()
 
     @property
     def auto_language(self) -> bool:

@@ -22,6 +22,13 @@ with no speech in between, its result is the final; if the speaker goes on, it i
 text also sets the endpoint: a pause after words that end no sentence ends the utterance only at
 `unfinished_endpoint_silence_ms`, so a sentence a speaker pauses in is decoded whole.
 
+With `[vad] end_of_turn = "model"` (or the stream's own setting) the session asks the
+end-of-turn model first, at the pause's first `end_of_turn_pause_ms`: a turn request, answered
+before any decode. A turn that is over ends the utterance at the pause, and its final is the
+next decode; otherwise the pause's early final follows and the pause may last
+`max_turn_silence_ms`. With `[stream] context_across_turns` false, the utterance after a turn
+the model ended is decoded without the earlier finals as its forced prefix.
+
 A diarized session (`?diarize=true`, `[stream] diarize`) asks each final's decode for speaker
 embeddings of windows over the utterance's voiced stretches (the VAD keeps them), and sends the
 final as one final per speaker, each with its `speaker` (streaming/speakers.py).
@@ -37,8 +44,8 @@ from itertools import count
 
 import numpy as np
 
-from captiond.config import Config
-from captiond.engines.base import DecodeKind, EngineRequest, EngineResult
+from captiond.config import Config, VadConfig
+from captiond.engines.base import TURN_WINDOW_SAMPLES, DecodeKind, EngineRequest, EngineResult
 from captiond.errors import BadMessageError
 from captiond.lang.chinese import written
 from captiond.lang.languages import LanguageSetting
@@ -66,6 +73,7 @@ from captiond.streaming.events import (
     SpeechStarted,
     SpeechStopped,
     StreamParams,
+    TurnParams,
 )
 from captiond.streaming.filters import ask_again_alone, is_hallucination
 from captiond.streaming.language import SessionLanguage
@@ -128,9 +136,12 @@ class StreamSession:
         # The latest final's end: the next final's words start no earlier (streaming/words.py).
         self._final_end_ms = samples_to_ms(origin.start_sample)
         self._framer = Framer()
-        self._segmenter = VadSegmenter(vad, config.vad, config.stream, origin.start_sample)
-        # An early final says whether a pause ended a sentence (_take_final).
-        self._segmenter.waits_for_sentences = early_finals
+        self._vad_config = config.vad
+        self._segmenter = VadSegmenter(
+            vad, self._turn_settings(params.turn), config.stream, origin.start_sample
+        )
+        # An early final says whether a pause ended the turn (_take_final).
+        self._segmenter.waits_for_verdicts = early_finals
         self._partial_interval_samples = ms_to_samples(config.stream.partial_interval_ms)
         self._pause_samples = ms_to_samples(min(_PAUSE_MS, config.vad.final_tail_ms))
         # Partials stop where a capped utterance may be cut (streaming/vad.py: the quietest frame
@@ -200,6 +211,21 @@ class StreamSession:
         a session update of a vendor API."""
         self._params = dataclasses.replace(self._params, prompt=prompt)
 
+    def set_turn(self, turn: TurnParams) -> None:
+        """End turns as `turn` says from now on (a session update of a vendor API)."""
+        self._params = dataclasses.replace(self._params, turn=turn)
+        self._segmenter.set_endpoints(self._turn_settings(turn))
+
+    def _turn_settings(self, turn: TurnParams) -> VadConfig:
+        """The daemon's [vad] with the stream's own turn settings. Without early finals there
+        is no decode at a pause to ask the end-of-turn model with: turns end at silence."""
+        vad = turn.applied_to(self._vad_config)
+        if not self._early_finals and vad.end_of_turn == "model":
+            vad = dataclasses.replace(vad, end_of_turn="silence")
+        self._turn_threshold = vad.end_of_turn_threshold
+        self._sentence_ends_turn = vad.sentence_ends_turn
+        return vad
+
     def set_ends_at_pauses(self, ends_at_pauses: bool) -> None:
         """Whether a pause ends an utterance from now on; when not, only `finalize` (or the
         `max_utterance_s` cap) does: push to talk, a session update of a vendor API."""
@@ -244,8 +270,13 @@ class StreamSession:
             req = self._request(utt, DecodeKind.FINAL, utt.decode_end_sample)
         elif (pause_sample := self._early_final_due()) is not None:
             assert self._open is not None
-            self._open.early_end_sample = pause_sample
-            req = self._request(self._open, DecodeKind.FINAL, pause_sample)
+            if self._segmenter.by_model and self._open.turn_asked_sample != pause_sample:
+                # The verdict first: a turn that is over makes its final due at once.
+                self._open.turn_asked_sample = pause_sample
+                req = self._turn_request(self._open, pause_sample)
+            else:
+                self._open.early_end_sample = pause_sample
+                req = self._request(self._open, DecodeKind.FINAL, pause_sample)
         elif self._partial_due():
             assert self._open is not None
             self._open.partial_end_sample = self._buffer.end_sample
@@ -259,6 +290,9 @@ class StreamSession:
         """Take the engine's result for the request returned by `next_request`."""
         assert request is self._in_flight, "results must answer the request in flight"
         self._in_flight = None
+        if request.kind is DecodeKind.TURN:
+            self._take_verdict(request, result)
+            return
         utt = self._closed[0] if self._closed else self._open
         if utt is not None and utt.index != request.utterance:
             utt = None  # a partial of an utterance whose final was sent meanwhile
@@ -472,6 +506,21 @@ class StreamSession:
         since = end - max(utt.partial_end_sample, utt.start_sample)
         return since >= self._partial_interval_samples
 
+    def _turn_request(self, utt: Utterance, end: int) -> DecodeRequest:
+        """The end-of-turn model's verdict on the utterance up to the pause at `end` (its last
+        `TURN_WINDOW_SAMPLES`, the model's input), asked before the pause's early final."""
+        start = max(utt.start_sample, end - TURN_WINDOW_SAMPLES)
+        return DecodeRequest(
+            utterance=utt.index,
+            start_sample=utt.start_sample,
+            speech_start_sample=utt.speech_start_sample,
+            stable_words=(),
+            forced_words=(),
+            engine_request=EngineRequest(
+                audio=self._buffer.view(start, end), kind=DecodeKind.TURN, end_sample=end
+            ),
+        )
+
     def _request(self, utt: Utterance, kind: DecodeKind, end: int) -> DecodeRequest:
         """A decode of the utterance so far, in a window that starts at earlier committed audio
         (see streaming/context.py), forced to begin with the context's text and the stable words. A
@@ -596,13 +645,34 @@ class StreamSession:
             result = dataclasses.replace(result, words=())
         if early:
             utt.early = (request, text, result)
-            # Words that end a sentence (or no words: nothing to go on with) let the pause end
-            # the utterance at the endpoint; others wait for the longer one (VadConfig).
-            if ends_sentence(text) or not has_word(text):
-                self._handle_vad(self._segmenter.sentence_ended(request.end_sample))
+            if self._turn_over(text):
+                self._handle_vad(self._segmenter.turn_ended(request.end_sample))
                 self._finish_answered()  # ended by this: its final is this decode's
         else:
             self._finish(self._closed.popleft(), request, decoded=text, result=result)
+
+    def _take_verdict(self, request: DecodeRequest, result: EngineResult) -> None:
+        """The end-of-turn model's verdict on the open utterance's pause: at the threshold or
+        above, the turn ended there, and the utterance with it (now, or at the endpoint:
+        streaming/vad.py); below it (or no verdict: a model that failed) the pause's early
+        final is asked next, and the pause may last `max_turn_silence_ms`."""
+        probability = result.turn_probability
+        if probability is not None and probability >= self._turn_threshold:
+            closed = len(self._closed)
+            self._handle_vad(self._segmenter.turn_ended(request.end_sample))
+            if len(self._closed) > closed:
+                self._closed[-1].turn_over = True
+        self._maybe_done()
+
+    def _turn_over(self, text: str) -> bool:
+        """Whether an early final's words end the turn at the pause it decoded up to, so that
+        the endpoint ends the utterance there; if not, it waits for the longer one
+        (VadConfig): words that end a sentence, or no words (nothing to go on with). With
+        [vad] end_of_turn = "model" the model judged the pause before (`_take_verdict`), and
+        the words decide only with `sentence_ends_turn`."""
+        if self._segmenter.by_model and not self._sentence_ends_turn:
+            return False
+        return ends_sentence(text) or not has_word(text)
 
     def _finish_answered(self) -> None:
         """Send the final of each ended utterance whose early final decoded its audio."""
@@ -663,6 +733,10 @@ class StreamSession:
                 start_sample=request.start_sample, end_sample=request.end_sample, text=decoded
             )
         )
+        if utt.turn_over and not self._stream.context_across_turns:
+            # The next turn is decoded after this one's audio, its text the prompt, not a
+            # forced prefix: a CPU forces a prefix one beam step per token.
+            self._context.break_context()
         self._language.on_final(utt, text)
         self._trim_buffer()
 

@@ -68,6 +68,8 @@ class Utterance:
     partial_end_sample: int = 0  # audio end covered by the latest partial request
     speech_confirmed: bool = False  # a decode of it produced text: the speech gate let it by
     early_end_sample: int = 0  # audio end of the latest early final asked for
+    turn_asked_sample: int = 0  # the pause the end-of-turn model was last asked about
+    turn_over: bool = False  # the end-of-turn model ended it
     # An early final's answer, kept until the endpoint: its request, the text decoded and the
     # decode's result (its word timings and speaker embeddings).
     early: tuple[DecodeRequest, str, EngineResult] | None = None

@@ -81,14 +81,17 @@ class VadSegmenter:
     whichever is earlier (never before the previous utterance's end).
     End: `endpoint_silence_ms` of unvoiced frames, or `long_endpoint_silence_ms` once the
     utterance is `long_utterance_s` long (continuous speech is better ended at a short pause
-    than cut at the cap). With `waits_for_sentences` (its session asks for early finals), a
-    pause that has not ended a sentence ends the utterance only at
-    `unfinished_endpoint_silence_ms`: the session says with `sentence_ended` when the early
-    final decoded up to the pause ends one, and until then the pause has not. Its final decodes
-    `final_tail_ms` of that silence at most, which Whisper decodes better than a hard cut;
-    `pause_sample` tells when that much has come, so the final's decode can start before the
-    endpoint. Cap: at `max_utterance_s` the utterance is cut at the quietest frame of the last
-    `cut_search_s`, so no word is split and every decode fits one 30 s Whisper window.
+    than cut at the cap). With `waits_for_verdicts` (its session asks for early finals), a
+    pause that has not ended the turn ends the utterance only at
+    `unfinished_endpoint_silence_ms`: the session says with `turn_ended` when the early final
+    decoded up to the pause ends it (its words end a sentence), and until then the pause has
+    not. Its final decodes `final_tail_ms` of that silence at most, which Whisper decodes better
+    than a hard cut; `pause_sample` tells when that much has come, so the final's decode can
+    start before the endpoint. With `end_of_turn = "model"` (`set_endpoints`), the early final
+    comes at `end_of_turn_pause_ms`, the end-of-turn model's verdict on it is the session's
+    answer, and a pause it does not end lasts up to `max_turn_silence_ms`. Cap: at
+    `max_utterance_s` the utterance is cut at the quietest frame of the last `cut_search_s`,
+    so no word is split and every decode fits one 30 s Whisper window.
     Push to talk: while `ends_at_pauses` is False, no pause ends an utterance (and no early
     final is due); the client's finalize does (`flush`), or the cap. A finalize also ends
     speech the start window has not confirmed: a "yes" shorter than the window, said before
@@ -107,13 +110,7 @@ class VadSegmenter:
         self._window_frames = max(1, vad_config.start_window_ms // FRAME_MS)
         self._start_voiced = int(np.ceil(vad_config.start_voiced_ratio * self._window_frames))
         self._preroll_samples = ms_to_samples(vad_config.preroll_ms)
-        self._endpoint_frames = max(1, vad_config.endpoint_silence_ms // FRAME_MS)
-        self._unfinished_endpoint_frames = max(
-            self._endpoint_frames, vad_config.unfinished_endpoint_silence_ms // FRAME_MS
-        )
-        self._long_samples = ms_to_samples(vad_config.long_utterance_s * 1000)
-        self._long_endpoint_frames = max(1, vad_config.long_endpoint_silence_ms // FRAME_MS)
-        self._tail_frames = max(1, vad_config.final_tail_ms // FRAME_MS)
+        self.set_endpoints(vad_config)
         self._max_samples = ms_to_samples(stream_config.max_utterance_s * 1000)
         self._cut_search_frames = max(1, int(stream_config.cut_search_s * 1000) // FRAME_MS)
         self._window: deque[bool] = deque(maxlen=self._window_frames)
@@ -136,10 +133,28 @@ class VadSegmenter:
         self.keeps_voiced = False
         self._voiced: deque[list[int]] = deque(maxlen=_VOICED_KEPT)
         self.ends_at_pauses = True
-        self.waits_for_sentences = False
-        # The decode end (`pause_sample`) of the pause the session said ends a sentence: a
+        self.waits_for_verdicts = False
+        # The decode end (`pause_sample`) of the pause the session said ends the turn: a
         # voiced frame moves the pause on, and the word said then is unjudged again.
-        self._sentence_end_sample: int | None = None
+        self._turn_end_sample: int | None = None
+
+    def set_endpoints(self, vad_config: VadConfig) -> None:
+        """Take the settings that end utterances (at the start, and when a vendor's session
+        update changes them). With `end_of_turn = "model"`, the pause's early final comes at
+        `end_of_turn_pause_ms`, a verdict that the turn is over ends the utterance right
+        there, and without one it ends at `max_turn_silence_ms`."""
+        self.by_model = vad_config.end_of_turn == "model"
+        if self.by_model:
+            self._tail_frames = max(1, vad_config.end_of_turn_pause_ms // FRAME_MS)
+            self._endpoint_frames = self._tail_frames
+            unfinished_ms = vad_config.max_turn_silence_ms
+        else:
+            self._tail_frames = max(1, vad_config.final_tail_ms // FRAME_MS)
+            self._endpoint_frames = max(1, vad_config.endpoint_silence_ms // FRAME_MS)
+            unfinished_ms = vad_config.unfinished_endpoint_silence_ms
+        self._unfinished_endpoint_frames = max(self._endpoint_frames, unfinished_ms // FRAME_MS)
+        self._long_samples = ms_to_samples(vad_config.long_utterance_s * 1000)
+        self._long_endpoint_frames = max(1, vad_config.long_endpoint_silence_ms // FRAME_MS)
 
     @property
     def in_utterance(self) -> bool:
@@ -247,13 +262,14 @@ class VadSegmenter:
                 start_sample=cut, speech_start_sample=cut, lead_sample=cut, continues=True
             )
 
-    def sentence_ended(self, pause_sample: int) -> Iterator[VadEvent]:
-        """The words before the pause whose final decode ends at `pause_sample` end a sentence
-        (the early final's text says so): the pause ends the utterance at the endpoint, now if
-        it is that long already. Nothing if the speaker went on since."""
+    def turn_ended(self, pause_sample: int) -> Iterator[VadEvent]:
+        """The turn ended at the pause whose final decode ends at `pause_sample` (its early
+        final's words end a sentence, or the end-of-turn model says so): the pause ends the
+        utterance at the endpoint, now if it is that long already. Nothing if the speaker went
+        on since."""
         if self._start_sample is None or pause_sample != self._decode_end_sample():
             return
-        self._sentence_end_sample = pause_sample
+        self._turn_end_sample = pause_sample
         length_samples = self._next_frame_sample - self._start_sample
         if self._pause_ends_it(length_samples):
             # Where the endpoint would have closed it had the verdict come in time.
@@ -279,7 +295,7 @@ class VadSegmenter:
         self._first_voiced_sample = None
         self._silent_frames = 0
         self._voiced_end_sample = self._next_frame_sample
-        self._sentence_end_sample = None
+        self._turn_end_sample = None
         self._recent.clear()
 
     def _pause_ends_it(self, length_samples: int) -> bool:
@@ -291,7 +307,7 @@ class VadSegmenter:
         """The silence that ends the open utterance, `length_samples` long, now."""
         if length_samples >= self._long_samples:
             return self._long_endpoint_frames
-        if self.waits_for_sentences and self._sentence_end_sample != self._decode_end_sample():
+        if self.waits_for_verdicts and self._turn_end_sample != self._decode_end_sample():
             return self._unfinished_endpoint_frames
         return self._endpoint_frames
 
