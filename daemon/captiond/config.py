@@ -167,8 +167,9 @@ class StreamConfig:
     # False: after a turn the end-of-turn model ended ([vad] end_of_turn = "model"), the next
     # utterance is decoded without the earlier finals' audio and forced text (they go in the
     # prompt), as after a break: the next speaker seldom continues the last one's sentence,
-    # and on a CPU the forced text costs the final about half its decode
-    # (docs/measurements/end-of-turn.md). Silence-ended turns keep their context either way.
+    # and on a CPU the forced text is most of the final's decode (1.45 s against 0.81 s after
+    # the endpoint on the 2-core VM; docs/measurements/end-of-turn.md), at some accuracy.
+    # Silence-ended turns keep their context either way.
     context_across_turns: bool = False
     # Text older than the context: Whisper's previous-text prompt (cheap: one forward pass).
     prompt_chars: int = 600

@@ -114,9 +114,9 @@ class InferenceScheduler:
             diarizes=embedder is not None,
             judges_turns=turn_model is not None,
         )
-        # The models some finals ask for after their decodes, loaded on this engine thread when
-        # the first such final comes (engines.speaker_embedder, engines.turn_model); None: that
-        # model cannot run here. A daemon whose every stream needs one ([stream] diarize,
+        # The models beside the engine (engines.speaker_embedder, engines.turn_model), loaded on
+        # this engine thread when the first request that needs one comes; None: that model
+        # cannot run here. A daemon whose every stream needs one ([stream] diarize,
         # [vad] end_of_turn = "model") loads it in start() instead, before it serves: loading
         # CAM++ (torch's import, the weights, the first call) took 2.3 s on the 2-core VM, and
         # every stream's decodes would wait behind it.
@@ -229,6 +229,7 @@ class InferenceScheduler:
             if turns := [item for item in live if item.request.kind is DecodeKind.TURN]:
                 self._answer_turns(turns)
                 live = [item for item in live if item.request.kind is not DecodeKind.TURN]
+                self.stats.heartbeat_monotonic = time.monotonic()
             if not live:
                 continue
             started = time.monotonic()
@@ -245,7 +246,7 @@ class InferenceScheduler:
                     for item in live:
                         self._run_alone(item)
             else:
-                results = self._after_decodes(live, results)
+                results = self._embed_speakers(live, results)
                 for item, result in zip(live, results, strict=True):
                     _answer(item, _set_result, result)
             self.stats.requests += len(live)
@@ -260,10 +261,12 @@ class InferenceScheduler:
         except Exception as exc:
             _fail(item, exc)
         else:
-            (result,) = self._after_decodes([item], [result])
+            (result,) = self._embed_speakers([item], [result])
             _answer(item, _set_result, result)
 
-    def _after_decodes(self, batch: list[_Item], results: list[EngineResult]) -> list[EngineResult]:
+    def _embed_speakers(
+        self, batch: list[_Item], results: list[EngineResult]
+    ) -> list[EngineResult]:
         """The batch's results with the speaker embeddings its diarized finals asked for, all
         in one call of the embedding model. A model that cannot load or fails leaves them
         without: their finals then say no speaker, and their text is not lost."""
