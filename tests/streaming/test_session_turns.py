@@ -182,7 +182,7 @@ def test_a_turn_the_model_ended_is_the_next_decodes_prompt_unless_context_goes_a
     speak(driver, then_silence_s=0.5)
     driver.send(tone(1.0))
     driver.send(silence(0.5))
-    first, second = driver.of(Final)
+    first, _ = driver.of(Final)
     finals = [r.engine_request for r in driver.requests if r.kind is DecodeKind.FINAL]
     assert finals[-1].prefix == (first.text if across else "")
     assert finals[-1].prompt == ("" if across else first.text)
