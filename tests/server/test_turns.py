@@ -1,6 +1,7 @@
 """Turns ended by the end-of-turn model through a real daemon (`?end_of_turn=model`): the fake
 engine's words and SureTurns' verdicts (every turn over), so that the plumbing from the query to
-the engine thread and back is seen end to end, quickly. The real model on real speech is
+the engine thread and back is seen end to end, quickly; then the real Smart Turn on real speech
+(JFK's sentence) through the daemon. The model on the corpus's turns:
 tests/engines/test_turn.py."""
 
 from __future__ import annotations
@@ -8,11 +9,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
 import pytest
-from daemon_harness import collect, make_config, running_daemon, stream_pcm, tone_bursts, url
+from daemon_harness import RATE, collect, make_config, running_daemon, stream_pcm, tone_bursts, url
+from testkit import missing_tool
 from websockets.asyncio.client import connect
 
 from captiond.config import override
+from captiond.engines.models import turn_model_path
+from captiond.engines.turn import SmartTurn
 
 
 def run(coro: Any) -> Any:
@@ -86,3 +91,53 @@ def test_a_daemon_without_the_turn_model_says_what_to_install() -> None:
         assert error["code"] == "bad_message" and "pipecat-ai" in error["message"]
 
     run(scenario())
+
+
+# JFK's sentence (conftest's `jfk`) pauses after "Americans," (4.50 s) and after "for you,"
+# (7.65 s), about 0.55 s each, and ends at 10.98 s: Smart Turn gives those pauses 0.01 and
+# 0.02 at 180 ms in, and the end 0.91 (as the daemon asks: the utterance after the second
+# pause, which `long_utterance_s` ends, 8 s into the first).
+JFK_END_S = 10.98
+FIRST_PAUSE_S = 4.75
+SECOND_PAUSE_S = 7.9
+
+
+def real_model_finals(samples: np.ndarray, end_of_turn: str) -> tuple[list[Any], list[Any]]:
+    """The finals and speech_stopped of `samples` streamed at twice real time to a daemon
+    with webrtcvad, the fake engine's words (which end no sentence) and the real Smart Turn."""
+    if turn_model_path() is None:
+        missing_tool("Smart Turn v3.2 not installed (pip install --no-deps pipecat-ai==1.14.0)")
+    pcm = (np.concatenate([samples, np.zeros(2 * RATE, np.float32)]) * 32767).astype("<i2")
+    config = override(make_config(), "vad", end_of_turn=end_of_turn)
+
+    async def scenario() -> tuple[list[Any], list[Any]]:
+        async with running_daemon(config, vad_factory=None, turn_model=SmartTurn) as daemon:
+            ex = await stream_pcm(url(daemon), pcm, pause_s=0.05)
+        return ex.of("final"), ex.of("speech_stopped")
+
+    result: tuple[list[Any], list[Any]] = run(scenario())
+    return result
+
+
+def test_the_real_model_ends_a_finished_sentence_sooner_than_silence(jfk: np.ndarray) -> None:
+    """On the stream clock: the sentence's last `speech_stopped` (its final's end) comes
+    180 ms after the speech with the model, at an endpoint of 500 ms or more with silence."""
+    waits_ms = {}
+    for mode in ("model", "silence"):
+        finals, stops = real_model_finals(jfk, mode)
+        assert len(finals) == len(stops) == 2, mode  # cut at 8 s, at the second pause
+        waits_ms[mode] = stops[-1]["end_ms"] - JFK_END_S * 1000
+    assert 150 <= waits_ms["model"] <= 300
+    assert waits_ms["silence"] >= 450
+
+
+def test_the_real_model_keeps_a_mid_thought_pause_inside_one_final(jfk: np.ndarray) -> None:
+    """JFK's "And so my fellow Americans, [1.25 s] ask not what your country can do for you": past
+    silence's 800-ms endpoint for words that end no sentence (two finals), within the 1.5 s
+    the model gives a turn it calls unfinished (one)."""
+    cut = int(FIRST_PAUSE_S * RATE)
+    paused = np.concatenate(
+        [jfk[:cut], np.zeros(RATE, np.float32), jfk[cut : int(SECOND_PAUSE_S * RATE)]]
+    )
+    assert len(real_model_finals(paused, "silence")[0]) == 2
+    assert len(real_model_finals(paused, "model")[0]) == 1
