@@ -121,7 +121,7 @@ class VadConfig:
     rms_floor_dbfs: float = -55.0
     # What ends a turn (streaming/vad.py). "silence": the endpoints above. "model": the
     # end-of-turn model (engines/turn.py, Smart Turn v3.2) is asked at the first
-    # `end_of_turn_pause_ms` of a pause, with that pause's early final: at least
+    # `end_of_turn_pause_ms` of a pause, before that pause's early final: at least
     # `end_of_turn_threshold` ends the utterance there, below it the utterance waits for
     # `max_turn_silence_ms` of silence, so a speaker who pauses mid-thought is not cut.
     # Utterances longer than `long_utterance_s` still end at `long_endpoint_silence_ms`, and

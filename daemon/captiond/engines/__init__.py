@@ -115,7 +115,7 @@ def turn_model(config: Config) -> Callable[[], TurnModel] | None:
 
 
 def scheduler_models(config: Config) -> dict[str, Any]:
-    """The models the engine thread runs after decodes (`InferenceScheduler`'s keywords), as
+    """The models the engine thread runs beside the engine (`InferenceScheduler`'s keywords), as
     `captiond serve` and the benches' daemons load them: the ones every stream needs before
     the daemon serves, the others when a stream first asks."""
     return {

@@ -87,9 +87,9 @@ class VadSegmenter:
     decoded up to the pause ends it (its words end a sentence), and until then the pause has
     not. Its final decodes `final_tail_ms` of that silence at most, which Whisper decodes better
     than a hard cut; `pause_sample` tells when that much has come, so the final's decode can
-    start before the endpoint. With `end_of_turn = "model"` (`set_endpoints`), the early final
-    comes at `end_of_turn_pause_ms`, the end-of-turn model's verdict on it is the session's
-    answer, and a pause it does not end lasts up to `max_turn_silence_ms`. Cap: at
+    start before the endpoint. With `end_of_turn = "model"` (`set_endpoints`), the pause is
+    judged at `end_of_turn_pause_ms`, by the end-of-turn model before the early final (the
+    session's answer), and a pause it does not end lasts up to `max_turn_silence_ms`. Cap: at
     `max_utterance_s` the utterance is cut at the quietest frame of the last `cut_search_s`,
     so no word is split and every decode fits one 30 s Whisper window.
     Push to talk: while `ends_at_pauses` is False, no pause ends an utterance (and no early
