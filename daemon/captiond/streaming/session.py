@@ -222,8 +222,7 @@ class StreamSession:
         vad = turn.applied_to(self._vad_config)
         if not self._early_finals and vad.end_of_turn == "model":
             vad = dataclasses.replace(vad, end_of_turn="silence")
-        self._turn_threshold = vad.end_of_turn_threshold
-        self._sentence_ends_turn = vad.sentence_ends_turn
+        self._turn_vad = vad
         return vad
 
     def set_ends_at_pauses(self, ends_at_pauses: bool) -> None:
@@ -657,7 +656,7 @@ class StreamSession:
         streaming/vad.py); below it (or no verdict: a model that failed) the pause's early
         final is asked next, and the pause may last `max_turn_silence_ms`."""
         probability = result.turn_probability
-        if probability is not None and probability >= self._turn_threshold:
+        if probability is not None and probability >= self._turn_vad.end_of_turn_threshold:
             closed = len(self._closed)
             self._handle_vad(self._segmenter.turn_ended(request.end_sample))
             if len(self._closed) > closed:
@@ -670,7 +669,7 @@ class StreamSession:
         (VadConfig): words that end a sentence, or no words (nothing to go on with). With
         [vad] end_of_turn = "model" the model judged the pause before (`_take_verdict`), and
         the words decide only with `sentence_ends_turn`."""
-        if self._segmenter.by_model and not self._sentence_ends_turn:
+        if self._segmenter.by_model and not self._turn_vad.sentence_ends_turn:
             return False
         return ends_sentence(text) or not has_word(text)
 
