@@ -19,6 +19,7 @@ from captiond.bench.metrics import (
     stable_before_final,
     summary,
     unstable_churn,
+    word_final_latencies_ms,
 )
 from captiond.bench.peer_whisperlive import SegmentTranslator
 from captiond.bench.speech import SpeechRuns, speech_runs
@@ -85,6 +86,19 @@ def test_final_latency_counts_from_where_the_speaker_stopped() -> None:
     going_on = SpeechRuns(starts_ms=(200,), ends_ms=(5_000,))
     assert final_latencies_ms(scripted_trace(), going_on) == [pytest.approx(300.0)]
     assert final_latencies_ms(scripted_trace(), SpeechRuns()) == [pytest.approx(300.0)]
+
+
+def test_word_latency_counts_from_each_words_end() -> None:
+    """Two finals of one turn with no pause, both arriving at 1.3 s: the first speaker's word
+    ended at 300 ms (sent at 0.3 s), the second's at 900 ms (sent at 0.9 s)."""
+    trace = Trace()
+    for i in range(1, 11):
+        trace.record_sent(i / 10, i * 100)
+    for text, end_ms in (("hello", 300), ("world", 900)):
+        words = [{"word": text, "start_ms": end_ms - 200, "end_ms": end_ms}]
+        trace.record_message(1.30, {"type": "final", "text": text, "words": words})
+    trace.record_message(1.31, {"type": "final", "text": ""})  # no words: nothing counted
+    assert word_final_latencies_ms(trace) == [pytest.approx(1000.0), pytest.approx(400.0)]
 
 
 def test_first_text_counts_from_where_the_speaker_began() -> None:

@@ -12,10 +12,12 @@ from captiond.lang.text import join_units, units
 from captiond.streaming.events import Final, Word
 from captiond.streaming.speakers import (
     HOP_MS,
+    LIVE_CHANGE_WINDOWS,
     MIN_WINDOW_MS,
     WINDOW_MS,
     SpeakerTracker,
     by_speaker,
+    live_change,
     offline_labels,
     speaker_windows,
 )
@@ -65,6 +67,40 @@ def test_a_long_stretch_gets_windows_every_hop() -> None:
     assert windows[-1][1] == 5_000 * MS
 
 
+@given(st.integers(0, 20_000), st.integers(1, 8_000))
+def test_a_growing_stretchs_windows_stay_where_they_are(start_ms: int, length_ms: int) -> None:
+    """While the utterance goes on, only whole windows on the stretch's grid: each stays a
+    window of the final's set however much longer the stretch grows."""
+    stretch = (start_ms * MS, (start_ms + length_ms) * MS)
+    growing = speaker_windows([stretch], growing=True)
+    assert all(end - start == WINDOW_MS * MS for start, end in growing)
+    longer = (stretch[0], stretch[1] + 3_000 * MS)
+    assert set(growing) <= set(speaker_windows([longer], growing=True))
+    assert set(growing) <= set(speaker_windows([longer]))
+
+
+def test_a_new_voice_is_found_once_enough_of_it_is_in() -> None:
+    a, b = _voice(1), _voice(2)
+    before = _windows_of(a, 3, seed=1)
+    assert live_change(before) is None
+    for n in range(1, LIVE_CHANGE_WINDOWS):
+        assert live_change(np.concatenate([before, _windows_of(b, n, seed=2)])) is None
+    both = np.concatenate([before, _windows_of(b, LIVE_CHANGE_WINDOWS, seed=2)])
+    assert live_change(both) == 3
+
+
+def test_a_change_is_cut_live_only_between_voices_the_tracker_tells_apart() -> None:
+    a, b = _voice(1), _voice(2)
+    tracker = SpeakerTracker()
+    tracker.label(_windows_of(a, 4, seed=1))
+    assert tracker.tells_apart(_windows_of(a, 2, seed=2), _windows_of(b, 2, seed=3))
+    wobble = np.stack([_unit(a + 0.6 * _voice(9)) for _ in range(2)])
+    assert not tracker.tells_apart(_windows_of(a, 2, seed=2), wobble)
+    assert tracker.speakers == 1  # asking places nobody
+    # Before anyone is known, any two runs are new voices.
+    assert SpeakerTracker().tells_apart(_windows_of(a, 2, seed=2), _windows_of(a, 2, seed=4))
+
+
 def test_two_voices_are_two_speakers_and_labels_never_change() -> None:
     a, b = _voice(1), _voice(2)
     tracker = SpeakerTracker()
@@ -95,6 +131,19 @@ def test_a_short_unlike_part_does_not_found_a_speaker_unless_unlike_everyone() -
     assert tracker.speakers == 1
     # One window of a voice unlike any known one is a new speaker even so.
     assert tracker.label([b]) == [1]
+
+
+def test_a_stranger_labelled_as_the_nearest_does_not_move_that_speakers_centroid() -> None:
+    """Short parts of a new voice, too short to found a speaker, go to the nearest one; if
+    they pulled its centroid, the stranger's later long turn would join it too."""
+    a, c = _voice(1), _voice(3)
+    tracker = SpeakerTracker()
+    tracker.label(_windows_of(a, 4, seed=1))
+    stranger = [_unit(c + 0.4 * a + 0.1 * _voice(20 + i)) for i in range(8)]
+    for window in stranger:
+        assert tracker.label([window]) == [0]
+    assert tracker.label(np.stack(stranger[:4])) == [1] * 4
+    assert tracker.speakers == 2
 
 
 def _unit(vector: np.ndarray) -> np.ndarray:

@@ -394,7 +394,7 @@ def test_cap_cuts_at_the_quietest_recent_frame_and_reopens() -> None:
     assert events == [
         (8, UtteranceStart(start_sample=0, speech_start_sample=0, lead_sample=0)),
         # Marked as a cut, not a pause: the speech goes on.
-        (99, UtteranceEnd(end_sample=cut, decode_end_sample=cut, capped=True)),
+        (99, UtteranceEnd(end_sample=cut, decode_end_sample=cut, cut=True)),
         (
             99,
             UtteranceStart(
@@ -412,6 +412,33 @@ def test_cap_cuts_at_the_quietest_recent_frame_and_reopens() -> None:
     assert end.end_sample == start.start_sample
     assert cut < end.end_sample <= (100 + i + 1) * FRAME_SAMPLES
     assert (100 + i + 1) * FRAME_SAMPLES - cut >= 3 * 16_000
+
+
+def test_a_speaker_change_cuts_at_the_quietest_frame_between_two_samples() -> None:
+    frames = [tone_frame()] * 100
+    frames[40] = tone_frame(0.01)  # quietest, but before the span the change is in
+    frames[60] = tone_frame(0.02)  # quietest inside it
+    frames[97:] = [silent_frame()] * 3  # a pause at the end, still going on
+    seg = segmenter(AlwaysVoiced())
+    seg.keeps_voiced = True
+    feed(seg, frames)
+    assert list(seg.cut(10 * FRAME_SAMPLES + 1, 12 * FRAME_SAMPLES - 1)) == []  # no whole frame
+    at = 60 * FRAME_SAMPLES + FRAME_SAMPLES // 2
+    assert list(seg.cut(50 * FRAME_SAMPLES, 70 * FRAME_SAMPLES)) == [
+        UtteranceEnd(end_sample=at, decode_end_sample=at, cut=True),
+        UtteranceStart(start_sample=at, speech_start_sample=at, lead_sample=at, continues=True),
+    ]
+    # The pause at the end goes on in the new utterance: it ends as the old one would have.
+    assert seg.silent_samples == 3 * FRAME_SAMPLES
+    ends = [e for _, e in feed(seg, [silent_frame()] * 30) if isinstance(e, UtteranceEnd)]
+    (end,) = ends
+    assert end.decode_end_sample == 97 * FRAME_SAMPLES + seg._tail_frames * FRAME_SAMPLES
+
+
+def test_no_cut_without_an_open_utterance() -> None:
+    seg = segmenter(AlwaysVoiced())
+    seg.keeps_voiced = True
+    assert list(seg.cut(0, 10 * FRAME_SAMPLES)) == []
 
 
 def test_every_capped_utterance_fits_the_cap() -> None:

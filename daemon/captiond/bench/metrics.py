@@ -92,6 +92,20 @@ def final_latencies_ms(trace: Trace, speech: SpeechRuns) -> list[float]:
     ]
 
 
+def word_final_latencies_ms(trace: Trace) -> list[float]:
+    """At each final word: the final's arrival minus the wall moment the audio up to the word's
+    `end_ms` was sent: how long after a word was said it was final, whichever final it came in.
+    Per final, the first speaker's words of a turn with no pause count from the end of the
+    second's; per word, from their own. It reads the system's own word timings (captiond's:
+    a 50-ms median error, docs/measurements/word-timings.md); a final without words counts
+    nothing."""
+    return [
+        (t - trace.wall_when_sent(word["end_ms"])) * 1000
+        for t, m in trace.of("final")
+        for word in m.get("words") or ()
+    ]
+
+
 def final_latencies_after_endpoint_ms(trace: Trace) -> list[float]:
     """At each final: its arrival minus the wall moment its `end_ms` was sent, the end of the
     silence that ended it (the measure before `final_latencies_ms` counted from the speech)."""

@@ -49,6 +49,7 @@ from captiond.bench.metrics import (
     stable_before_final,
     summary,
     unstable_churn,
+    word_final_latencies_ms,
 )
 from captiond.bench.pacing import stream_native
 from captiond.bench.peer_whisperlive import peer_language, stream_whisperlive, whisperlive_server
@@ -93,6 +94,7 @@ def clip_figures(
         "words": len(normalize(text)),
         "partial_lag_ms": summary(partial_lags_ms(trace)),
         "final_latency_ms": summary(final_latencies_ms(trace, speech)),
+        "word_final_latency_ms": summary(word_final_latencies_ms(trace)),
         "first_text_s": _round(first_text_s(trace, speech)),
         "retracted_stable_words": retracted_stable_words(trace.messages),
         "contradicted_stable_words": contradicted_stable_words(trace.messages),
@@ -155,6 +157,9 @@ def _overall(
         "partial_lag_ms": summary(lags),
         "final_latency_ms": summary(finals),
         "final_after_endpoint_ms": summary(endpoint),
+        "word_final_latency_ms": summary(
+            [x for c in clips for x in word_final_latencies_ms(runs[c.id])]
+        ),
         "endpoint_wait_ms": summary(waits),
         "finals": sum(len(runs[c.id].of("final")) for c in clips),
         "mid_sentence_finals": sum(mid_sentence_finals(runs[c.id].messages) for c in clips),
@@ -285,7 +290,8 @@ def _bench_stream(args: argparse.Namespace) -> int:
         print(
             f"{run_name}: final latency p50 {overall['final_latency_ms']['p50']} ms "
             f"(endpoint wait {overall.get('endpoint_wait_ms', {}).get('p50')} ms), "
-            f"p95 {overall['final_latency_ms']['p95']} ms, WER {overall['wer_exact_refs']} "
+            f"p95 {overall['final_latency_ms']['p95']} ms, per word p50 "
+            f"{overall['word_final_latency_ms']['p50']} ms, WER {overall['wer_exact_refs']} "
             f"(long {overall['wer_long_pooled']}), mid-sentence finals "
             f"{overall.get('mid_sentence_finals')} of {overall.get('finals')}"
         )

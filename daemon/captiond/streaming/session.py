@@ -77,7 +77,7 @@ from captiond.streaming.events import (
 )
 from captiond.streaming.filters import ask_again_alone, is_hallucination
 from captiond.streaming.language import SessionLanguage
-from captiond.streaming.speakers import SpeakerTracker, by_speaker, speaker_windows
+from captiond.streaming.speakers import SpeakerTracker, by_speaker, live_change, speaker_windows
 from captiond.streaming.stabilize import LocalAgreement, keep_stable
 from captiond.streaming.utterance import DecodeRequest, StreamOrigin, Utterance
 from captiond.streaming.vad import UtteranceEnd, UtteranceStart, Vad, VadEvent, VadSegmenter
@@ -295,6 +295,10 @@ class StreamSession:
         utt = self._closed[0] if self._closed else self._open
         if utt is not None and utt.index != request.utterance:
             utt = None  # a partial of an utterance whose final was sent meanwhile
+        if utt is not None and len(result.speaker_embeddings) == len(request.embed_spans):
+            utt.embedded.update(zip(request.embed_spans, result.speaker_embeddings, strict=True))
+            if request.kind is DecodeKind.PARTIAL and request.embed_spans:
+                self._cut_at_speaker_change(utt)
         if utt is not None:
             if result.text.strip():
                 utt.speech_confirmed = True
@@ -476,7 +480,7 @@ class StreamSession:
                 self._open.decode_end_sample = event.decode_end_sample
                 self._closed.append(self._open)
                 self._open = None
-                if not event.capped:
+                if not event.cut:
                     self._outbox.append(SpeechStopped(end_ms=samples_to_ms(event.end_sample)))
 
     def _early_final_due(self) -> int | None:
@@ -504,6 +508,30 @@ class StreamSession:
             return False  # too little audio to tell its language: no partial yet
         since = end - max(utt.partial_end_sample, utt.start_sample)
         return since >= self._partial_interval_samples
+
+    def _cut_at_speaker_change(self, utt: Utterance) -> None:
+        """End the open utterance where its windows so far change voice (`live_change`), so
+        that the first speaker's final comes now, not when the second stops: a speaker change
+        ends a turn. Its partials may have made the next speaker's first words stable before
+        the change was heard (2 windows are 2.25 s of them): its final is decoded afresh, not
+        from its stable words, and those words come in the next segment's final, with their
+        speaker (docs/reference/protocol-v1.md)."""
+        assert self._speakers is not None
+        voiced = self._segmenter.voiced(utt.speech_start_sample, self._buffer.end_sample)
+        windows = [span for span in speaker_windows(voiced, growing=True) if span in utt.embedded]
+        vectors = [utt.embedded[span] for span in windows]
+        at = live_change(vectors, self._speakers.change_similarity)
+        if at is None or not self._speakers.tells_apart(vectors[:at], vectors[at:]):
+            return
+        (before_start, before_end), (after_start, after_end) = windows[at - 1], windows[at]
+        closed = len(self._closed)
+        self._handle_vad(
+            self._segmenter.cut((before_start + before_end) // 2, (after_start + after_end) // 2)
+        )
+        if len(self._closed) > closed:
+            part = self._closed[-1]
+            part.agreement = LocalAgreement(self._stream.stable_hold_back_words)
+            part.turn_over = self._segmenter.by_model
 
     def _turn_request(self, utt: Utterance, end: int) -> DecodeRequest:
         """The end-of-turn model's verdict on the utterance up to the pause at `end` (its last
@@ -552,8 +580,13 @@ class StreamSession:
                 gate_from = max(gate_from, end - ms_to_samples(_PARTIAL_GATE_MS))
             gate_from -= context.start_sample
         spans: tuple[tuple[int, int], ...] = ()
-        if kind is DecodeKind.FINAL and self._speakers is not None:
-            spans = speaker_windows(self._segmenter.voiced(utt.speech_start_sample, end))
+        embed: tuple[tuple[int, int], ...] = ()
+        if self._speakers is not None:
+            voiced = self._segmenter.voiced(utt.speech_start_sample, end)
+            if kind is DecodeKind.FINAL:
+                spans = speaker_windows(voiced)
+            asked = spans if kind is DecodeKind.FINAL else speaker_windows(voiced, growing=True)
+            embed = tuple(span for span in asked if span not in utt.embedded)
         return DecodeRequest(
             utterance=utt.index,
             start_sample=utt.start_sample,
@@ -563,6 +596,7 @@ class StreamSession:
             # Only a final's text is assembled from them (keep_stable).
             following_words=utt.agreement.following if kind is DecodeKind.FINAL else (),
             speaker_spans=spans,
+            embed_spans=embed,
             engine_request=EngineRequest(
                 audio=self._buffer.view(context.start_sample, end),
                 kind=kind,
@@ -581,7 +615,7 @@ class StreamSession:
                 end_sample=end,
                 speaker_windows=tuple(
                     (start - context.start_sample, stop - context.start_sample)
-                    for start, stop in spans
+                    for start, stop in embed
                 ),
             ),
         )
@@ -717,9 +751,9 @@ class StreamSession:
                 words=words,
             )
             if self._speakers is not None:
-                embeddings = result.speaker_embeddings if result is not None else ()
-                labels = self._speakers.label(embeddings)
-                first, *rest = by_speaker(final, request.speaker_spans, labels)
+                spans = [span for span in request.speaker_spans if span in utt.embedded]
+                labels = self._speakers.label([utt.embedded[span] for span in spans])
+                first, *rest = by_speaker(final, spans, labels)
                 self._outbox.append(first)
                 self._outbox += [
                     dataclasses.replace(part, segment=self._segment_of_part()) for part in rest

@@ -51,6 +51,9 @@ MIN_TURN_WINDOWS = 1
 # 0.65 for the change.
 JOIN_SIMILARITY = 0.45
 CHANGE_SIMILARITY = 0.6
+# A change inside an utterance still going on cuts it once this many windows of the new voice
+# are in (`live_change`): 2 windows are 2.25 s of the new speaker's speech.
+LIVE_CHANGE_WINDOWS = 2
 # A part of fewer than this many windows founds a new speaker only when it is unlike every
 # known one below SHORT_NEW_SIMILARITY: with 2, one meeting grew two phantom speakers.
 SURE_NEW_WINDOWS = 3
@@ -64,28 +67,50 @@ OFFLINE_MIN_CLUSTER = 5
 Embeddings = npt.NDArray[np.float32]
 
 
-def speaker_windows(voiced: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+def speaker_windows(
+    voiced: Sequence[tuple[int, int]], *, growing: bool = False
+) -> tuple[tuple[int, int], ...]:
     """The windows (start, end samples) to embed over an utterance's voiced stretches: in each,
     WINDOW_MS long every HOP_MS, the last one ending at the stretch's end; a shorter stretch is
     one window; stretches under MIN_WINDOW_MS none, unless the utterance has no other speech
-    (then its longest is the window)."""
+    (then its longest is the window). `growing` (the utterance is still going on): only the
+    whole windows on each stretch's HOP_MS grid, which stay where they are as the stretch
+    grows, so that each is embedded once (`live_change`) and the final reuses it."""
     window = ms_to_samples(WINDOW_MS)
     hop = ms_to_samples(HOP_MS)
     shortest = ms_to_samples(MIN_WINDOW_MS)
     out: list[tuple[int, int]] = []
     for start, end in voiced:
-        if end - start < shortest:
+        if end - start < (window if growing else shortest):
             continue
         if end - start <= window:
             out.append((start, end))
             continue
         starts = list(range(start, end - window + 1, hop))
-        if starts[-1] + window < end:
+        if starts[-1] + window < end and not growing:
             starts.append(end - window)
         out += [(s, s + window) for s in starts]
-    if not out and voiced:
+    if not out and voiced and not growing:
         out.append(max(voiced, key=lambda span: span[1] - span[0]))
     return tuple(out)
+
+
+def live_change(
+    embeddings: Sequence[Sequence[float]], change_similarity: float = CHANGE_SIMILARITY
+) -> int | None:
+    """The first window of a new voice in an utterance still going on (its windows so far, in
+    order), once LIVE_CHANGE_WINDOWS of it are in: where the session cuts the utterance, so
+    that the first speaker's final need not wait for the second to stop. None: one voice so
+    far, or too little of the new one to be sure. The parts are `_split`'s, as at the final."""
+    if len(embeddings) < MIN_TURN_WINDOWS + LIVE_CHANGE_WINDOWS:
+        return None
+    parts = _split(np.asarray(embeddings, dtype=np.float32), change_similarity)
+    at = 0
+    for part in parts[:-1]:
+        at += len(part)
+        if len(embeddings) - at >= LIVE_CHANGE_WINDOWS:
+            return at
+    return None
 
 
 def by_speaker(
@@ -167,24 +192,44 @@ class SpeakerTracker:
             labels += [self._place(part)] * len(part)
         return labels
 
-    def _place(self, part: Embeddings) -> int:
+    def tells_apart(
+        self, before: Sequence[Sequence[float]], after: Sequence[Sequence[float]]
+    ) -> bool:
+        """Whether two runs of windows would go to different speakers (a new one counts as
+        different): a cut at a change `live_change` found is for good, so it is made only
+        where the labels would differ too, not at a wobble within one known voice."""
+        first = self._nearest(np.asarray(before, dtype=np.float32))
+        second = self._nearest(np.asarray(after, dtype=np.float32))
+        return first is None or second is None or first != second
+
+    def _nearest(self, part: Embeddings) -> int | None:
+        """The known speaker `part` goes to; None: a new one."""
         mean = _unit(part.mean(axis=0))
         if self._speakers:
             similarity = np.array([float(mean @ s.centroid) for s in self._speakers])
             best = int(similarity.argmax())
             best_similarity = float(similarity[best])
         else:
-            best, best_similarity = -1, -1.0
+            return None
         sure = len(part) >= SURE_NEW_WINDOWS
-        new = best < 0 or (
+        new = (
             best_similarity < self.join_similarity
             and (sure or best_similarity < SHORT_NEW_SIMILARITY)
             and len(self._speakers) < self.max_speakers
         )
-        if new:
+        return None if new else best
+
+    def _place(self, part: Embeddings) -> int:
+        best = self._nearest(part)
+        if best is None:
             self._speakers.append(_Speaker(part.sum(axis=0), len(part)))
             return len(self._speakers) - 1
         speaker = self._speakers[best]
+        if float(_unit(part.mean(axis=0)) @ speaker.centroid) < self.join_similarity:
+            # Too short to found a speaker, too unlike this one to be sure it is them: the
+            # label, but not the centroid, which a stranger's windows would pull towards
+            # theirs (one meeting then gave two people one label for the rest of it).
+            return best
         speaker.total = speaker.total + part.sum(axis=0)
         speaker.windows += len(part)
         return best

@@ -36,9 +36,13 @@ class DecodeRequest:
     forced_words: tuple[str, ...]
     engine_request: EngineRequest
     following_words: tuple[str, ...] = ()
-    # A diarized final's speaker windows on the stream's sample clock (the engine request's
-    # `speaker_windows` count from its audio's first sample).
+    # A diarized final's speaker windows on the stream's sample clock: the windows its words'
+    # speakers come from (streaming/speakers.py).
     speaker_spans: tuple[tuple[int, int], ...] = ()
+    # The windows whose embeddings this decode asks for, on the stream's clock (the engine
+    # request's `speaker_windows` count from its audio's first sample): a final's not embedded
+    # yet, a partial's new whole windows (`Utterance.embedded`).
+    embed_spans: tuple[tuple[int, int], ...] = ()
 
     @property
     def kind(self) -> DecodeKind:
@@ -83,3 +87,6 @@ class Utterance:
     switch: tuple[str | None, float] | None = None
     chinese_variant: str = ""  # the stream's when the utterance began ("": as Whisper writes)
     agreement: LocalAgreement = field(default_factory=LocalAgreement)
+    # A diarized utterance's speaker embeddings so far, by window (stream samples): its
+    # partials embed each whole window once, the final reuses them (streaming/speakers.py).
+    embedded: dict[tuple[int, int], tuple[float, ...]] = field(default_factory=dict)

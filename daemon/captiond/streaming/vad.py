@@ -57,7 +57,8 @@ class UtteranceStart:
 class UtteranceEnd:
     end_sample: int  # with the trailing silence that ended it
     decode_end_sample: int  # where its final's decode ends (see VadSegmenter)
-    capped: bool = False  # cut at `max_utterance_s`: the speaker did not stop
+    # Cut where the speaker did not stop: at `max_utterance_s`, or at a speaker change (`cut`).
+    cut: bool = False
 
 
 VadEvent = UtteranceStart | UtteranceEnd
@@ -128,6 +129,8 @@ class VadSegmenter:
         self._voiced_end_sample = start_sample
         # (frame start sample, dBFS) of the open utterance's recent frames, for the cap's cut.
         self._recent: deque[tuple[int, float]] = deque(maxlen=self._cut_search_frames)
+        # ... and of all its frames when `keeps_voiced`, for a speaker change's cut (`cut`).
+        self._levels: list[tuple[int, float]] = []
         # Voiced stretches (start, end samples), gaps under VOICED_GAP_MS bridged, when
         # `keeps_voiced`: where a diarized final's speaker windows go (streaming/speakers.py).
         self.keeps_voiced = False
@@ -246,6 +249,8 @@ class VadSegmenter:
                 )
             return
         self._recent.append((frame_start, level_dbfs))
+        if self.keeps_voiced:
+            self._levels.append((frame_start, level_dbfs))
         if voiced:
             self._silent_frames = 0
             self._voiced_end_sample = frame_end
@@ -256,7 +261,7 @@ class VadSegmenter:
             yield self._close(frame_end)
         elif length_samples >= self._max_samples:
             cut = self._quietest_cut()
-            yield dataclasses.replace(self._close(cut), capped=True)
+            yield dataclasses.replace(self._close(cut), cut=True)
             self._open(cut)
             yield UtteranceStart(
                 start_sample=cut, speech_start_sample=cut, lead_sample=cut, continues=True
@@ -275,6 +280,38 @@ class VadSegmenter:
             # Where the endpoint would have closed it had the verdict come in time.
             endpoint_samples = self._endpoint_frames_at(length_samples) * FRAME_SAMPLES
             yield self._close(self._voiced_end_sample + endpoint_samples)
+
+    def cut(self, from_sample: int, to_sample: int) -> Iterator[VadEvent]:
+        """The speaker changed between two samples of the open utterance (the session's
+        embeddings say so: streaming/speakers.py): end it at the quietest frame between them
+        (a word's edge, seldom inside one) and open the next there, the speech going on, so
+        that the first speaker's final is decoded now. Nothing if no utterance is open or none
+        of its frames lies between them (`keeps_voiced` keeps their levels)."""
+        if self._start_sample is None:
+            return
+        start = self._start_sample
+        between = [
+            (frame_start, level)
+            for frame_start, level in self._levels
+            if frame_start > start and from_sample <= frame_start <= to_sample - FRAME_SAMPLES
+        ]
+        if not between:
+            return
+        frame_start, _ = min(between, key=lambda item: item[1])
+        at = frame_start + FRAME_SAMPLES // 2
+        # The pause (if any) at the stream's end goes on in the next utterance.
+        silent_frames, voiced_end = self._silent_frames, self._voiced_end_sample
+        levels = [item for item in self._levels if item[0] >= frame_start]
+        yield dataclasses.replace(self._close(at), cut=True)
+        self._open(at)
+        self._silent_frames, self._voiced_end_sample, self._levels = (
+            silent_frames,
+            voiced_end,
+            levels,
+        )
+        yield UtteranceStart(
+            start_sample=at, speech_start_sample=at, lead_sample=at, continues=True
+        )
 
     def flush(self, end_sample: int, *, begun: bool = False) -> Iterator[VadEvent]:
         """Close the open utterance at `end_sample` (finalize, or end of stream). With `begun`
@@ -297,6 +334,7 @@ class VadSegmenter:
         self._voiced_end_sample = self._next_frame_sample
         self._turn_end_sample = None
         self._recent.clear()
+        self._levels = []
 
     def _pause_ends_it(self, length_samples: int) -> bool:
         """Whether the silence so far ends the open utterance, `length_samples` long."""
