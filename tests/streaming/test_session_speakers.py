@@ -1,7 +1,7 @@
 """A diarized session's speakers while the utterance is still going on (streaming/session.py,
-streaming/speakers.py): partials embed each whole window once, a change of voice cuts the
-utterance there so that the first speaker's final comes before the second stops, and the
-final reuses the partials' embeddings."""
+streaming/speakers.py): partials embed each whole window once, the final reuses them, and with
+`[stream] cut_at_speaker_change` a change of voice cuts the utterance there so that the first
+speaker's final comes before the second stops."""
 
 from __future__ import annotations
 
@@ -9,13 +9,16 @@ import dataclasses
 from collections import Counter
 
 import numpy as np
+import pytest
 from session_harness import RATE, Decoder, Driver, fake_decoder, silence, tone
 
+from captiond.config import StreamConfig, VadConfig
 from captiond.engines.base import DecodeKind, EngineRequest, EngineResult
 from captiond.streaming.events import Final, Partial, SpeechStopped, StreamParams
 from captiond.streaming.speakers import WINDOW_MS
 
 DIARIZED = StreamParams(diarize=True)
+CUTS = StreamConfig(cut_at_speaker_change=True)
 A = np.eye(8, dtype=np.float32)[0]
 B = np.eye(8, dtype=np.float32)[1]
 # A voice like A's (similarity 0.5): unlike enough for `_split`, too like A to be someone else.
@@ -46,7 +49,7 @@ def embedded_spans(driver: Driver) -> list[tuple[int, int]]:
 
 
 def test_a_change_of_voice_ends_the_first_speakers_final_before_the_second_stops() -> None:
-    driver = Driver(voices(change_s=3.0), params=DIARIZED)
+    driver = Driver(voices(change_s=3.0), params=DIARIZED, stream=CUTS)
     driver.send(silence(0.5))
     driver.send(tone(5.0))  # A from 0.5 s to 3 s, B from 3 s on, without a pause
     (first,) = driver.of(Final)
@@ -73,7 +76,7 @@ def test_a_change_of_voice_ends_the_first_speakers_final_before_the_second_stops
 def test_the_cut_utterances_final_is_decoded_afresh() -> None:
     """Its partials' stable words may be the second speaker's first: its final is not built on
     them, and they come in the second speaker's final."""
-    driver = Driver(voices(change_s=3.0), params=DIARIZED)
+    driver = Driver(voices(change_s=3.0), params=DIARIZED, stream=CUTS)
     driver.send(silence(0.5))
     driver.send(tone(5.0))
     assert any(p.stable for p in driver.of(Partial))
@@ -84,7 +87,7 @@ def test_the_cut_utterances_final_is_decoded_afresh() -> None:
 
 def test_a_wobble_within_one_voice_does_not_cut() -> None:
     """Windows unlike the utterance's first ones, but like the same known speaker: one final."""
-    driver = Driver(voices(change_s=5.5, after=A_WOBBLE), params=DIARIZED)
+    driver = Driver(voices(change_s=5.5, after=A_WOBBLE), params=DIARIZED, stream=CUTS)
     driver.send(silence(0.5))
     driver.send(tone(2.0))
     driver.send(silence(1.0))  # A founded as a speaker
@@ -95,13 +98,27 @@ def test_a_wobble_within_one_voice_does_not_cut() -> None:
 
 
 def test_without_partials_the_final_still_splits_at_the_change() -> None:
-    driver = Driver(voices(change_s=3.0), params=DIARIZED, partials=False)
+    driver = Driver(voices(change_s=3.0), params=DIARIZED, stream=CUTS, partials=False)
     driver.send(silence(0.5))
     driver.send(tone(5.0))
     assert not driver.of(Final)  # nothing embedded before the final: no cut
     driver.send(silence(1.0))
     assert [f.speaker for f in driver.of(Final)] == [0, 1]
     assert Counter(r.kind for r in driver.requests)[DecodeKind.FINAL] == 1
+
+
+def test_without_the_cut_the_utterance_is_split_when_it_ends() -> None:
+    """`[stream] cut_at_speaker_change = false` (the default): the partials still embed (the
+    final reuses them), but the first speaker's final waits for the utterance's end."""
+    driver = Driver(voices(change_s=3.0), params=DIARIZED)
+    driver.send(silence(0.5))
+    driver.send(tone(5.0))
+    assert not driver.of(Final)
+    driver.send(silence(1.0))
+    assert [f.speaker for f in driver.of(Final)] == [0, 1]
+    spans = embedded_spans(driver)
+    assert len(spans) == len(set(spans))
+    assert any(r.embed_spans for r in driver.requests if r.kind is DecodeKind.PARTIAL)
 
 
 def test_a_stream_not_diarized_embeds_nothing() -> None:
@@ -111,3 +128,22 @@ def test_a_stream_not_diarized_embeds_nothing() -> None:
     driver.send(silence(1.0))
     assert not embedded_spans(driver)
     assert [f.speaker for f in driver.of(Final)] == [None]
+
+
+@pytest.mark.parametrize("end_of_turn", ["silence", "model"])
+def test_a_speaker_change_is_a_turn_end(end_of_turn: str) -> None:
+    """With turns ended by the model, the next speaker's decodes start without the first's
+    text forced (its prompt instead), as after any turn the model ended."""
+    driver = Driver(
+        voices(change_s=3.0), params=DIARIZED, stream=CUTS, vad=VadConfig(end_of_turn=end_of_turn)
+    )
+    driver.send(silence(0.5))
+    driver.send(tone(6.0))
+    (first,) = driver.of(Final)
+    after = [r.engine_request for r in driver.requests if r.utterance == 1]
+    assert after
+    if end_of_turn == "model":
+        assert not any(first.text in r.prefix for r in after)
+        assert all(first.text in r.prompt for r in after)
+    else:
+        assert all(r.prefix.startswith(first.text) for r in after)

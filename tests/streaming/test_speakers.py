@@ -133,19 +133,6 @@ def test_a_short_unlike_part_does_not_found_a_speaker_unless_unlike_everyone() -
     assert tracker.label([b]) == [1]
 
 
-def test_a_stranger_labelled_as_the_nearest_does_not_move_that_speakers_centroid() -> None:
-    """Short parts of a new voice, too short to found a speaker, go to the nearest one; if
-    they pulled its centroid, the stranger's later long turn would join it too."""
-    a, c = _voice(1), _voice(3)
-    tracker = SpeakerTracker()
-    tracker.label(_windows_of(a, 4, seed=1))
-    stranger = [_unit(c + 0.4 * a + 0.1 * _voice(20 + i)) for i in range(8)]
-    for window in stranger:
-        assert tracker.label([window]) == [0]
-    assert tracker.label(np.stack(stranger[:4])) == [1] * 4
-    assert tracker.speakers == 2
-
-
 def _unit(vector: np.ndarray) -> np.ndarray:
     return vector / np.linalg.norm(vector)
 

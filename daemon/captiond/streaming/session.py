@@ -297,7 +297,11 @@ class StreamSession:
             utt = None  # a partial of an utterance whose final was sent meanwhile
         if utt is not None and len(result.speaker_embeddings) == len(request.embed_spans):
             utt.embedded.update(zip(request.embed_spans, result.speaker_embeddings, strict=True))
-            if request.kind is DecodeKind.PARTIAL and request.embed_spans:
+            if (
+                request.kind is DecodeKind.PARTIAL
+                and request.embed_spans
+                and self._stream.cut_at_speaker_change
+            ):
                 self._cut_at_speaker_change(utt)
         if utt is not None:
             if result.text.strip():

@@ -225,11 +225,6 @@ class SpeakerTracker:
             self._speakers.append(_Speaker(part.sum(axis=0), len(part)))
             return len(self._speakers) - 1
         speaker = self._speakers[best]
-        if float(_unit(part.mean(axis=0)) @ speaker.centroid) < self.join_similarity:
-            # Too short to found a speaker, too unlike this one to be sure it is them: the
-            # label, but not the centroid, which a stranger's windows would pull towards
-            # theirs (one meeting then gave two people one label for the rest of it).
-            return best
         speaker.total = speaker.total + part.sum(axis=0)
         speaker.windows += len(part)
         return best
