@@ -219,9 +219,9 @@ class StreamConfig:
     max_speakers: int = 8
     # A diarized utterance is cut where the voice changes while it goes on (about 2 s of the
     # new voice in), so the first speaker's final does not wait for the second to stop. Off by
-    # default: on the meetings it cut p95 final latency from 7.9 to 5.1 s but cost 2.9 points
-    # of WER (each part decoded without the other's audio) and 0.2 s at the per-word p50
-    # (docs/measurements/diarization.md).
+    # default: on meetings and calls it brought the p95 final in (5.1 s, 7.6 s without) but
+    # cost a meeting 2.9 points of WER (each part decoded without the other's audio), and words
+    # came final no sooner (docs/measurements/diarization.md).
     cut_at_speaker_change: bool = False
 
 

@@ -1,7 +1,8 @@
 """A diarized session's speakers while the utterance is still going on (streaming/session.py,
-streaming/speakers.py): partials embed each whole window once, the final reuses them, and with
-`[stream] cut_at_speaker_change` a change of voice cuts the utterance there so that the first
-speaker's final comes before the second stops."""
+streaming/speakers.py): with `[stream] cut_at_speaker_change` partials embed each whole window
+once, a change of voice cuts the utterance there so that the first speaker's final comes before
+the second stops, and the final reuses the partials' embeddings; without it, the final embeds
+them all."""
 
 from __future__ import annotations
 
@@ -108,8 +109,9 @@ def test_without_partials_the_final_still_splits_at_the_change() -> None:
 
 
 def test_without_the_cut_the_utterance_is_split_when_it_ends() -> None:
-    """`[stream] cut_at_speaker_change = false` (the default): the partials still embed (the
-    final reuses them), but the first speaker's final waits for the utterance's end."""
+    """`[stream] cut_at_speaker_change = false` (the default): the partials embed nothing, the
+    final embeds the utterance's windows in one call, and the first speaker's final waits for
+    the utterance's end."""
     driver = Driver(voices(change_s=3.0), params=DIARIZED)
     driver.send(silence(0.5))
     driver.send(tone(5.0))
@@ -118,7 +120,7 @@ def test_without_the_cut_the_utterance_is_split_when_it_ends() -> None:
     assert [f.speaker for f in driver.of(Final)] == [0, 1]
     spans = embedded_spans(driver)
     assert len(spans) == len(set(spans))
-    assert any(r.embed_spans for r in driver.requests if r.kind is DecodeKind.PARTIAL)
+    assert not any(r.embed_spans for r in driver.requests if r.kind is DecodeKind.PARTIAL)
 
 
 def test_a_stream_not_diarized_embeds_nothing() -> None:

@@ -297,11 +297,7 @@ class StreamSession:
             utt = None  # a partial of an utterance whose final was sent meanwhile
         if utt is not None and len(result.speaker_embeddings) == len(request.embed_spans):
             utt.embedded.update(zip(request.embed_spans, result.speaker_embeddings, strict=True))
-            if (
-                request.kind is DecodeKind.PARTIAL
-                and request.embed_spans
-                and self._stream.cut_at_speaker_change
-            ):
+            if request.kind is DecodeKind.PARTIAL and request.embed_spans:
                 self._cut_at_speaker_change(utt)
         if utt is not None:
             if result.text.strip():
@@ -585,12 +581,17 @@ class StreamSession:
             gate_from -= context.start_sample
         spans: tuple[tuple[int, int], ...] = ()
         embed: tuple[tuple[int, int], ...] = ()
-        if self._speakers is not None:
+        if self._speakers is not None and kind is DecodeKind.FINAL:
+            spans = speaker_windows(self._segmenter.voiced(utt.speech_start_sample, end))
+            embed = tuple(span for span in spans if span not in utt.embedded)
+        elif self._speakers is not None and self._stream.cut_at_speaker_change:
+            # The windows that filled since the last partial, to hear a change while the
+            # utterance goes on. Without the cut the final embeds them all at once: one or two
+            # windows a call cost twice the CPU per window (docs/measurements/diarization.md).
             voiced = self._segmenter.voiced(utt.speech_start_sample, end)
-            if kind is DecodeKind.FINAL:
-                spans = speaker_windows(voiced)
-            asked = spans if kind is DecodeKind.FINAL else speaker_windows(voiced, growing=True)
-            embed = tuple(span for span in asked if span not in utt.embedded)
+            embed = tuple(
+                span for span in speaker_windows(voiced, growing=True) if span not in utt.embedded
+            )
         return DecodeRequest(
             utterance=utt.index,
             start_sample=utt.start_sample,

@@ -41,7 +41,8 @@ class DecodeRequest:
     speaker_spans: tuple[tuple[int, int], ...] = ()
     # The windows whose embeddings this decode asks for, on the stream's clock (the engine
     # request's `speaker_windows` count from its audio's first sample): a final's not embedded
-    # yet, a partial's new whole windows (`Utterance.embedded`).
+    # yet (an early final's), a partial's new whole windows with `cut_at_speaker_change`
+    # (`Utterance.embedded`).
     embed_spans: tuple[tuple[int, int], ...] = ()
 
     @property
@@ -87,6 +88,7 @@ class Utterance:
     switch: tuple[str | None, float] | None = None
     chinese_variant: str = ""  # the stream's when the utterance began ("": as Whisper writes)
     agreement: LocalAgreement = field(default_factory=LocalAgreement)
-    # A diarized utterance's speaker embeddings so far, by window (stream samples): its
-    # partials embed each whole window once, the final reuses them (streaming/speakers.py).
+    # A diarized utterance's speaker embeddings so far, by window (stream samples): those of an
+    # early final, and with `cut_at_speaker_change` its partials' (each whole window once);
+    # the final reuses them (streaming/speakers.py).
     embedded: dict[tuple[int, int], tuple[float, ...]] = field(default_factory=dict)
