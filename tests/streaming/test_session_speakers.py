@@ -76,7 +76,7 @@ def test_a_change_of_voice_ends_the_first_speakers_final_before_the_second_stops
 
 def test_the_cut_utterances_final_is_decoded_afresh() -> None:
     """Its partials' stable words may be the second speaker's first: its final is not built on
-    them, and they come in the second speaker's final."""
+    them (no stable words kept, no partial's words forced); the next utterance decodes them."""
     driver = Driver(voices(change_s=3.0), params=DIARIZED, stream=CUTS)
     driver.send(silence(0.5))
     driver.send(tone(5.0))

@@ -31,7 +31,10 @@ the model ended is decoded without the earlier finals as its forced prefix.
 
 A diarized session (`?diarize=true`, `[stream] diarize`) asks each final's decode for speaker
 embeddings of windows over the utterance's voiced stretches (the VAD keeps them), and sends the
-final as one final per speaker, each with its `speaker` (streaming/speakers.py).
+final as one final per speaker, each with its `speaker` (streaming/speakers.py). With `[stream]
+cut_at_speaker_change` its partials ask for the windows as they fill, and a change of voice
+heard while the utterance goes on ends it there (`_cut_at_speaker_change`); the final reuses
+those embeddings.
 """
 
 from __future__ import annotations

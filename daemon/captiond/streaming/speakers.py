@@ -15,6 +15,10 @@ window's speaker once, when the final is sent, and never revises it:
    to found a speaker on: it goes to the nearest known one unless it is unlike every one of
    them, below `SHORT_NEW_SIMILARITY`).
 
+With `[stream] cut_at_speaker_change`, `live_change` finds the first split while the utterance
+still goes on, once LIVE_CHANGE_WINDOWS of the new voice are in, and the session cuts it there
+if `SpeakerTracker.tells_apart` the two sides.
+
 The thresholds were measured on the public dialogues and meetings
 (docs/measurements/diarization.md) and chosen where DER is flat around them.
 
