@@ -420,7 +420,7 @@ def test_a_speaker_change_cuts_at_the_quietest_frame_between_two_samples() -> No
     frames[60] = tone_frame(0.02)  # quietest inside it
     frames[97:] = [silent_frame()] * 3  # a pause at the end, still going on
     seg = segmenter(AlwaysVoiced())
-    seg.keeps_voiced = True
+    seg.keeps_voiced = seg.keeps_levels = True
     feed(seg, frames)
     assert list(seg.cut(10 * FRAME_SAMPLES + 1, 12 * FRAME_SAMPLES - 1)) == []  # no whole frame
     at = 60 * FRAME_SAMPLES + FRAME_SAMPLES // 2
@@ -437,7 +437,7 @@ def test_a_speaker_change_cuts_at_the_quietest_frame_between_two_samples() -> No
 
 def test_no_cut_without_an_open_utterance() -> None:
     seg = segmenter(AlwaysVoiced())
-    seg.keeps_voiced = True
+    seg.keeps_voiced = seg.keeps_levels = True
     assert list(seg.cut(0, 10 * FRAME_SAMPLES)) == []
 
 

@@ -173,6 +173,8 @@ class StreamSession:
         max_speakers = params.max_speakers or config.stream.max_speakers
         self._speakers = SpeakerTracker(max_speakers=max_speakers) if diarize else None
         self._segmenter.keeps_voiced = diarize
+        # Only a session that cuts at a speaker change looks for the quietest frame of one.
+        self._segmenter.keeps_levels = diarize and config.stream.cut_at_speaker_change
         self.state = SessionState.STREAMING
 
     # -- input -------------------------------------------------------------------------------

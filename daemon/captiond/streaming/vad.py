@@ -129,7 +129,8 @@ class VadSegmenter:
         self._voiced_end_sample = start_sample
         # (frame start sample, dBFS) of the open utterance's recent frames, for the cap's cut.
         self._recent: deque[tuple[int, float]] = deque(maxlen=self._cut_search_frames)
-        # ... and of all its frames when `keeps_voiced`, for a speaker change's cut (`cut`).
+        # ... and of all its frames when `keeps_levels`, for a speaker change's cut (`cut`).
+        self.keeps_levels = False
         self._levels: list[tuple[int, float]] = []
         # Voiced stretches (start, end samples), gaps under VOICED_GAP_MS bridged, when
         # `keeps_voiced`: where a diarized final's speaker windows go (streaming/speakers.py).
@@ -249,7 +250,7 @@ class VadSegmenter:
                 )
             return
         self._recent.append((frame_start, level_dbfs))
-        if self.keeps_voiced:
+        if self.keeps_levels:
             self._levels.append((frame_start, level_dbfs))
         if voiced:
             self._silent_frames = 0
@@ -286,7 +287,7 @@ class VadSegmenter:
         embeddings say so: streaming/speakers.py): end it at the quietest frame between them
         (a word's edge, seldom inside one) and open the next there, the speech going on, so
         that the first speaker's final is decoded now. Nothing if no utterance is open or none
-        of its frames lies between them (`keeps_voiced` keeps their levels)."""
+        of its frames lies between them (`keeps_levels` keeps their levels)."""
         if self._start_sample is None:
             return
         start = self._start_sample
