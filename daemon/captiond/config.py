@@ -78,6 +78,11 @@ class ServerConfig:
     # 0 (the default): admit while there are session slots, as a lone daemon that clients
     # also send files to faster than real time (a backlog they chose) should.
     max_lag_ms: float = 0.0
+    # A new stream is also refused while one more would keep the event loop busier than this
+    # share of its thread's time (0..1), projected from what a stream has cost it over the last
+    # minute (server/load.py): it sheds a burst that arrives before any stream is behind.
+    # 0 (the default): no bound; 0.8 behind a load balancer.
+    max_loop_busy: float = 0.0
     # HAProxy's agent check (`agent-check agent-port N`): a line saying whether this instance
     # takes new streams (server/load.py). 0: no agent.
     agent_port: int = 0
@@ -488,6 +493,7 @@ RANGES: dict[type[Any], dict[str, Range]] = {
         "drop_grace_s": Range(0, _MAX_RESUME_S),
         "workers": Range(1, _MAX_WORKERS),
         "max_lag_ms": _NON_NEGATIVE,
+        "max_loop_busy": Range(0, 1, why="a share of the loop thread's time; 0: no bound"),
         "agent_port": Range(0, 65_535, why="0: no agent"),
     },
     VadConfig: {

@@ -31,7 +31,7 @@ from captiond.errors import ConfigError
 from captiond.journal.reader import find_session
 from captiond.journal.writer import Ownership, SessionOwnedError
 from captiond.server.access import client_address
-from captiond.server.load import LoadWatch, agent_reply
+from captiond.server.load import LOOP_TICK_S, LoadWatch, agent_reply
 from captiond.server.resume import session_of_token
 from captiond.server.routing import WorkerSlot, worker_of_session
 
@@ -208,16 +208,97 @@ def test_the_lag_watch_takes_the_90th_percentile_of_the_last_seconds() -> None:
     watch = LoadWatch(max_lag_ms=1_000)
     for i in range(4):
         watch.observe(float(i), 5_000)
-    assert watch.behind_ms(4.0) == 0 and not watch.behind(4.0)  # too few partials to tell
+    assert watch.behind_ms(4.0) == 0 and not watch.behind(4.0, 1)  # too few partials to tell
     for i in range(16):
         watch.observe(4.0 + i / 10, 200)
     # 20 partials, 4 of them late: the 90th percentile is late.
-    assert watch.behind_ms(5.6) == 5_000 and watch.behind(5.6)
+    assert watch.behind_ms(5.6) == 5_000 and watch.behind(5.6, 1)
+    assert "5000 ms behind" in (watch.why_behind(5.6, 1) or "")
     # Five seconds on, the late ones have left the window.
-    assert watch.behind_ms(8.5) == 200 and not watch.behind(8.5)
-    assert not LoadWatch(max_lag_ms=0).behind(0.0)  # 0: no bound
+    assert watch.behind_ms(8.5) == 200 and not watch.behind(8.5, 1)
+    assert not LoadWatch(max_lag_ms=0).behind(0.0, 1)  # 0: no bound
     assert agent_reply(behind=False, full=False) == "up ready 100%\n"
     assert agent_reply(behind=True, full=False) == agent_reply(behind=False, full=True)
+
+
+def _ticks(watch: LoadWatch, from_s: float, to_s: float, busy: float, streams: int) -> None:
+    """`watch_loop`'s ticks from `from_s` to `to_s`: the loop `busy` of the time, with
+    `streams` open (the CPU time goes on from where the last tick left it)."""
+    cpu_s = watch._ticks[-1][1] if watch._ticks else 0.0
+    now_s = from_s
+    while now_s <= to_s + 1e-9:
+        watch.observe_loop(now_s, cpu_s, streams)
+        now_s += LOOP_TICK_S
+        cpu_s += busy * LOOP_TICK_S
+
+
+def test_the_busy_watch_projects_a_streams_cost_onto_the_next_one() -> None:
+    watch = LoadWatch(max_lag_ms=0, max_loop_busy=0.7)
+    assert watch.busy_share() == 0.0 and not watch.behind(0.0, 500)  # nothing measured yet
+    # Five streams keep the loop 5 % busy: too few to say what one costs.
+    _ticks(watch, 0.0, 3.0, busy=0.05, streams=5)
+    assert watch.busy_share() == pytest.approx(0.05)
+    assert watch.projected_busy(500) == pytest.approx(0.05) and not watch.behind(3.0, 500)
+    # 30 streams at 30 %: 0.01 each, so a 69th stream would make 0.69 and a 71st 0.71.
+    _ticks(watch, 3.1, 6.0, busy=0.3, streams=30)
+    assert watch.projected_busy(68) == pytest.approx(0.69) and not watch.behind(6.0, 68)
+    assert watch.behind(6.0, 70)
+    assert "event loop 71% busy (max_loop_busy 0.7)" in (watch.why_behind(6.0, 70) or "")
+    # Sixty streams later cost less each (36 %), but the highest cost of the last minute
+    # is what counts: 60 open already make 0.6, and a 71st still 0.71.
+    _ticks(watch, 6.1, 9.0, busy=0.36, streams=60)
+    assert watch.projected_busy(70) == pytest.approx(0.71)
+    # A minute on, only the cheaper cost is remembered.
+    _ticks(watch, 9.1, 70.0, busy=0.36, streams=60)
+    assert watch.projected_busy(69) == pytest.approx(0.006 * 70)
+    # A loop already past the bound refuses whatever the count.
+    _ticks(watch, 70.1, 73.0, busy=0.8, streams=5)
+    assert watch.behind(73.0, 0)
+    assert not LoadWatch(max_lag_ms=0).behind(73.0, 10_000)  # 0: no bound
+
+
+def test_a_daemon_whose_event_loop_is_busy_refuses_new_streams() -> None:
+    """`max_loop_busy` measured on the daemon's real loop: a callback that spends 80 ms of the
+    loop thread's CPU in every 100 ms keeps it busy past 0.2, so a new stream gets `overloaded`
+    (1013) naming the loop, and the busy share is on /metrics; once the loop is quiet again a
+    stream is let in."""
+    import time
+
+    config = make_config(server={"max_loop_busy": 0.2})
+
+    async def scenario() -> None:
+        async with running_daemon(config) as daemon:
+            hog_until_s = time.monotonic() + 3.0
+
+            async def hog() -> None:
+                while time.monotonic() < hog_until_s:
+                    spent_until = time.thread_time() + 0.08
+                    while time.thread_time() < spent_until:
+                        pass
+                    await asyncio.sleep(0.02)
+
+            hogging = asyncio.create_task(hog())
+            await asyncio.sleep(2.5)
+            async with connect(url(daemon)) as refused_conn:
+                refused = json.loads(await refused_conn.recv())
+                await refused_conn.wait_closed()
+            assert refused["code"] == "overloaded" and refused_conn.close_code == 1013
+            assert "event loop" in refused["message"]
+            status, metrics = await asyncio.to_thread(
+                _get, f"http://127.0.0.1:{daemon.port}/metrics"
+            )
+            busy = next(
+                float(line.split()[-1])
+                for line in metrics.splitlines()
+                if line.startswith("captiond_event_loop_busy_ratio ")
+            )
+            assert status == 200 and busy > 0.2
+            await hogging
+            await asyncio.sleep(2.5)  # the busy share of the last 2 s is the quiet loop's
+            async with connect(url(daemon)) as let_in:
+                assert json.loads(await let_in.recv())["type"] == "ready"
+
+    run(scenario())
 
 
 def test_a_daemon_behind_refuses_new_streams_and_drains_its_agent(tmp_path: Path) -> None:
@@ -243,7 +324,7 @@ def test_a_daemon_behind_refuses_new_streams_and_drains_its_agent(tmp_path: Path
             for start in range(0, 6 * RATE, RATE // 5):
                 await conn.send(LOUD[start : start + RATE // 5].tobytes())
                 await asyncio.sleep(0.2)
-            assert daemon.load.behind(asyncio.get_running_loop().time())
+            assert daemon.load.behind(asyncio.get_running_loop().time(), daemon.sessions_open)
             async with connect(url(daemon)) as late:
                 refused = json.loads(await late.recv())
                 await late.wait_closed()

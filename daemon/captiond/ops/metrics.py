@@ -39,6 +39,12 @@ class Metrics:
             multiprocess_mode="livesum",  # with workers: the sum over the live ones
         )
         self.sessions = Counter("captiond_sessions", "Stream sessions opened", registry=r)
+        self.loop_busy = Gauge(
+            "captiond_event_loop_busy_ratio",
+            "Share of the last 2 s the event-loop thread was on the CPU (with max_loop_busy)",
+            registry=r,
+            multiprocess_mode="max",  # with workers: the busiest one's
+        )
         self.refused = Counter(
             "captiond_refused",
             "Connections refused, by reason",

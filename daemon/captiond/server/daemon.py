@@ -65,7 +65,7 @@ from captiond.server.access import ConnectionsPerIp, client_address
 from captiond.server.connection import AnsweringConnection, LiveStream, send_error
 from captiond.server.handshake import AnsweringProtocol
 from captiond.server.http import HttpAnswers
-from captiond.server.load import LoadWatch, agent_reply, serve_agent
+from captiond.server.load import LoadWatch, agent_reply, serve_agent, watch_loop
 from captiond.server.resume import MAX_HELD_FINALS, ResumeKey, session_id, session_of_token
 from captiond.server.routing import WorkerSlot
 from captiond.sources.capture import microphone
@@ -130,6 +130,7 @@ class Daemon:
         self._live: dict[str, LiveStream] = {}  # by session id, detached ones too
         self._tasks: set[asyncio.Task[None]] = set()
         self._trimmer: asyncio.Task[None] | None = None
+        self._loop_watch: asyncio.Task[None] | None = None
         self._max_sessions = self._share(config.server.max_sessions)
         self._per_ip = ConnectionsPerIp(self._share(config.server.max_sessions_per_ip))
         # Every worker writes its own sessions' files; one of them applies retention.
@@ -146,7 +147,7 @@ class Daemon:
         )
         self._server: Server | None = None
         self._taking_back: dict[str, _TakingBack] = {}  # by session id
-        self.load = LoadWatch(config.server.max_lag_ms)
+        self.load = LoadWatch(config.server.max_lag_ms, config.server.max_loop_busy)
         self._agent: asyncio.Server | None = None
         # Set when the shutdown begins: /readyz fails and new connections are refused, while
         # the live streams get their last finals (`shutdown`).
@@ -240,6 +241,12 @@ class Daemon:
         if self._slot is None and cfg.agent_port:
             self._agent = await serve_agent(cfg.host, cfg.agent_port, self.agent_reply)
         self._trimmer = asyncio.create_task(trim_after_peaks(lambda: self.sessions_open))
+        if self.load.max_loop_busy:
+            self._loop_watch = asyncio.create_task(watch_loop(self._observe_loop))
+
+    def _observe_loop(self, now_s: float, cpu_s: float) -> None:
+        self.load.observe_loop(now_s, cpu_s, self.sessions_open)
+        self.metrics.loop_busy.set(self.load.busy_share())
 
     def _new_connection(self) -> AnsweringConnection:
         assert self._server is not None
@@ -292,8 +299,9 @@ class Daemon:
             if conn.transport is not None:
                 conn.transport.abort()
         await self._server.wait_closed()
-        if self._trimmer is not None:
-            self._trimmer.cancel()
+        for task in (self._trimmer, self._loop_watch):
+            if task is not None:
+                task.cancel()
         if self._journal is not None:
             self._journal.stop()
 
@@ -395,19 +403,16 @@ class Daemon:
     def _admit(self) -> None:
         """A new stream only while the daemon keeps up (server/load.py)."""
         now_s = asyncio.get_running_loop().time()
-        if self.load.behind(now_s):
-            behind_ms = self.load.behind_ms(now_s)
+        why = self.load.why_behind(now_s, self.sessions_open)
+        if why is not None:
             self.metrics.refused.labels(reason="behind").inc()
-            raise OverloadedError(
-                f"this instance is {behind_ms:.0f} ms behind "
-                f"(max_lag_ms {self.config.server.max_lag_ms:g}); try again later"
-            )
+            raise OverloadedError(f"{why}; try again later")
 
     def agent_reply(self) -> str:
         """HAProxy's agent check answer for this daemon (server/load.py)."""
         now_s = asyncio.get_running_loop().time()
         full = self.sessions_open >= self._max_sessions
-        return agent_reply(behind=self.load.behind(now_s), full=full)
+        return agent_reply(behind=self.load.behind(now_s, self.sessions_open), full=full)
 
     def _stream_params(self, dialect: Dialect) -> StreamParams:
         engine = self.decoder.engine_info

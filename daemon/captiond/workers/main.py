@@ -110,7 +110,7 @@ async def _serve(args: argparse.Namespace, config: Config) -> None:
 
 async def _report(daemon: Daemon, decoder: EngineClient) -> None:
     while True:
-        behind = daemon.load.behind(asyncio.get_running_loop().time())
+        behind = daemon.load.behind(asyncio.get_running_loop().time(), daemon.sessions_open)
         decoder.report(daemon.sessions_open, daemon.sessions_total, daemon.sources_status(), behind)
         await asyncio.sleep(_STATUS_EVERY_S)
 
