@@ -86,7 +86,8 @@ trap stop INT TERM EXIT
 # One instance, started again whenever it exits, until the script stops.
 instance() {
     local i="$1"
-    # The agent for HAProxy, admission by lag and by the event loop's busy share, HAProxy's X-Forwarded-For believed, the journal.
+    # The agent for HAProxy, admission by lag and by the event loop's busy share, HAProxy's
+    # X-Forwarded-For believed, the journal.
     cat >"$state/i$i.toml" <<TOML
 [server]
 # Every local client is 127.0.0.1: one address may take every session.

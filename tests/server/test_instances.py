@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -262,8 +263,6 @@ def test_a_daemon_whose_event_loop_is_busy_refuses_new_streams() -> None:
     loop thread's CPU in every 100 ms keeps it busy past 0.2, so a new stream gets `overloaded`
     (1013) naming the loop, and the busy share is on /metrics; once the loop is quiet again a
     stream is let in."""
-    import time
-
     config = make_config(server={"max_loop_busy": 0.2})
 
     async def scenario() -> None:
