@@ -183,6 +183,8 @@ def test_a_full_batch_goes_at_once_however_long_max_wait_is() -> None:
 class _UnitEmbedder:
     """Every window the same voice."""
 
+    concurrent = False
+
     def embed(self, windows: Sequence[npt.NDArray[np.float32]]) -> npt.NDArray[np.float32]:
         return np.ones((len(windows), 4), np.float32) / 2
 
@@ -216,6 +218,101 @@ def test_the_speaker_model_loads_once_at_start_or_at_the_first_diarized_final(
         assert loads == ["MainThread" if at_start else "captiond-engine"]
     finally:
         scheduler.stop()
+
+
+class _MeetingEmbedder:
+    """A CPU-like model (`concurrent`) that says which thread called it, and fails on demand."""
+
+    concurrent = True
+
+    def __init__(self, *, fails: bool = False) -> None:
+        self.called = threading.Event()
+        self.threads: list[str] = []
+        self.fails = fails
+
+    def embed(self, windows: Sequence[npt.NDArray[np.float32]]) -> npt.NDArray[np.float32]:
+        self.threads.append(threading.current_thread().name)
+        self.called.set()
+        if self.fails:
+            raise RuntimeError("out of memory")
+        return np.ones((len(windows), 4), np.float32) / 2
+
+
+class _WaitsForEmbeddings(FakeEngine):
+    """Decodes only once the embedder was called, and says whether it was by then: the
+    embeddings ran beside the decode, not after it. Optionally fails a batch of several."""
+
+    def __init__(self, embedder: _MeetingEmbedder, *, fails_batches: bool = False) -> None:
+        super().__init__()
+        self._embedder = embedder
+        self.embedded_during_decode: list[bool] = []
+        self._fails_batches = fails_batches
+
+    def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
+        self.embedded_during_decode.append(self._embedder.called.wait(_GUARD_S))
+        if self._fails_batches and len(requests) > 1:
+            raise RuntimeError("one request of this batch cannot be decoded")
+        return super().transcribe_batch(requests)
+
+
+def _diarized(kind: DecodeKind = DecodeKind.FINAL) -> EngineRequest:
+    return dataclasses.replace(_request(kind), speaker_windows=((0, 800), (800, 1_600)))
+
+
+def test_a_cpu_speaker_model_embeds_on_its_own_thread_while_the_engine_decodes() -> None:
+    embedder = _MeetingEmbedder()
+    engine = _WaitsForEmbeddings(embedder)
+    scheduler = InferenceScheduler(engine, SchedulerConfig(), embedder=lambda: embedder)
+    scheduler.start()
+    try:
+        result = asyncio.run(scheduler.submit(_diarized()))
+    finally:
+        scheduler.stop()
+    assert engine.embedded_during_decode == [True]
+    assert embedder.threads == ["captiond-speakers_0"]
+    assert result.speaker_embeddings == ((0.5,) * 4, (0.5,) * 4) and result.language == "en"
+
+
+def test_a_failing_speaker_model_beside_the_engine_costs_the_speakers_not_the_text(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    embedder = _MeetingEmbedder(fails=True)
+    scheduler = InferenceScheduler(
+        _WaitsForEmbeddings(embedder), SchedulerConfig(), embedder=lambda: embedder
+    )
+    scheduler.start()
+    try:
+        result = asyncio.run(scheduler.submit(_diarized()))
+    finally:
+        scheduler.stop()
+    assert result.speaker_embeddings == () and result.language == "en"
+    assert "speaker embeddings failed" in caplog.text
+
+
+def test_a_batch_the_engine_fails_is_decoded_again_alone_with_the_embeddings_it_had() -> None:
+    embedder = _MeetingEmbedder()
+    engine = _WaitsForEmbeddings(embedder, fails_batches=True)
+    scheduler = InferenceScheduler(
+        engine, SchedulerConfig(max_batch=2, max_wait_ms=3_600_000), embedder=lambda: embedder
+    )
+    scheduler.start()
+
+    async def run() -> list[EngineResult]:
+        requests = (_diarized(), _request(DecodeKind.PARTIAL))
+        return list(
+            await asyncio.wait_for(
+                asyncio.gather(*(scheduler.submit(r) for r in requests)), _GUARD_S
+            )
+        )
+
+    try:
+        diarized, plain = asyncio.run(run())
+    finally:
+        scheduler.stop()
+    assert len(engine.embedded_during_decode) == 3  # the batch, then each request alone
+    assert len(embedder.threads) == 1  # embedded once, for the batch
+    assert diarized.speaker_embeddings == ((0.5,) * 4, (0.5,) * 4)
+    assert plain.speaker_embeddings == () and plain.language == "en"
 
 
 class _LoudTurns:

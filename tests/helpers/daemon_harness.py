@@ -84,6 +84,8 @@ class ToneEmbedder:
     100-Hz bins, so each tone of `tone_bursts` is a speaker of its own (orthogonal vectors)."""
 
     dims = 64
+    # Beside the decodes, on the scheduler's speaker thread, as the real model on the CPU.
+    concurrent = True
 
     def embed(self, windows: Sequence[np.ndarray]) -> np.ndarray:
         out = np.zeros((len(windows), self.dims), dtype=np.float32)

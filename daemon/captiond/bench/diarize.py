@@ -76,7 +76,11 @@ def add_diarize_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 class _TimedEmbedder:
-    """The embedder, timed: the diarization's cost."""
+    """The embedder, timed: the diarization's cost. Timed by the process's CPU clock (torch's
+    own threads count), so it runs on the engine thread after the decodes, never beside them:
+    the labels are the same either way."""
+
+    concurrent = False
 
     def __init__(self, embedder: Embedder) -> None:
         self._embedder = embedder

@@ -5,12 +5,19 @@ process, or `remote.EngineClient` in a worker process (workers/pool.py).
 
 Two sides. The asyncio side (`submit`, event-loop thread) queues a request with a future and
 awaits it. The engine thread (the only thread that touches the engine, its models and any
-CUDA context once it runs; a model every stream needs is loaded in `start`, before it) takes
-turn requests first, then finals, then partials, oldest first, up to `max_batch`, waiting at
-most `max_wait_ms` for a batch to fill (woken by the first request and by the one that fills
-it); it answers the turn requests with the end-of-turn model, then decodes the rest (and embeds
-the diarized finals' speakers), and resolves the futures through `call_soon_threadsafe`. It
-records batch sizes, queue wait and engine time in the daemon's metrics.
+CUDA context once it runs, but for a CPU speaker model's calls on the speaker thread below; a
+model every stream needs is loaded in `start`, before it) takes turn requests first, then
+finals, then partials, oldest first, up to `max_batch`, waiting at most `max_wait_ms` for a
+batch to fill (woken by the first request and by the one that fills it); it answers the turn
+requests with the end-of-turn model, then decodes the rest, and resolves the futures through
+`call_soon_threadsafe`. It records batch sizes, queue wait and engine time in the daemon's
+metrics.
+
+The speaker windows a batch's diarized requests ask for are embedded in one call of the
+speaker-embedding model: on the speaker thread, beside the batch's decodes, when the model runs
+on the CPU (`Embedder.concurrent`: the decoder leaves cores idle, and a final's embeddings then
+add nothing to its wait for the decode), else on the engine thread after them. Either way the
+engine thread answers the batch once both are done.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Any, Generic, Protocol, TypeVar
@@ -31,14 +39,16 @@ from captiond.config import SchedulerConfig
 from captiond.engines.base import (
     DecodeKind,
     Embedder,
+    Embeddings,
     Engine,
     EngineInfo,
     EngineRequest,
     EngineResult,
     Submit,
     TurnModel,
-    embed_speakers,
     judge_turns,
+    speaker_vectors,
+    with_speakers,
 )
 from captiond.errors import EngineFailedError
 from captiond.ops.metrics import Metrics
@@ -121,6 +131,8 @@ class InferenceScheduler:
         # CAM++ (torch's import, the weights, the first call) took 2.3 s on the 2-core VM, and
         # every stream's decodes would wait behind it.
         self._embedder = _LazyModel[Embedder]("the speaker-embedding model", embedder)
+        # Where a concurrent embedder runs (its thread starts with the first embedding).
+        self._speaker_thread = ThreadPoolExecutor(1, thread_name_prefix="captiond-speakers")
         self._turn_model = _LazyModel[TurnModel]("the end-of-turn model", turn_model)
         self._load_at_start = [
             model
@@ -172,6 +184,7 @@ class InferenceScheduler:
             self._stopping = True
             self._cond.notify_all()
         self._thread.join(_STOP_WAIT_S)
+        self._speaker_thread.shutdown(wait=False, cancel_futures=True)
         if self._thread.is_alive():
             log.error(
                 "the engine did not finish its batch in %.0f s: stopping without it", _STOP_WAIT_S
@@ -234,19 +247,21 @@ class InferenceScheduler:
                 continue
             started = time.monotonic()
             self._observe(live, started)
+            speakers = self._embed_beside(live)
             try:
                 results = self._engine.transcribe_batch([item.request for item in live])
             except Exception as exc:  # the engine's failure fails a request, not the daemon
+                embeddings = self._embeddings(live, speakers)
                 if len(live) == 1:
                     _fail(live[0], exc)
                 else:
                     # One request the engine cannot take (a language a resumed session's
                     # model lacks) must not fail the other streams of its batch.
                     log.exception("engine failed on a batch of %d: each again alone", len(live))
-                    for item in live:
-                        self._run_alone(item)
+                    for item, vectors in zip(live, embeddings, strict=True):
+                        self._run_alone(item, vectors)
             else:
-                results = self._embed_speakers(live, results)
+                results = with_speakers(results, self._embeddings(live, speakers))
                 for item, result in zip(live, results, strict=True):
                     _answer(item, _set_result, result)
             self.stats.requests += len(live)
@@ -255,31 +270,51 @@ class InferenceScheduler:
             for phase, seconds in self._engine.phases.drain().items():
                 self.metrics.engine_phase_seconds.labels(phase=phase).inc(seconds)
 
-    def _run_alone(self, item: _Item) -> None:
+    def _run_alone(self, item: _Item, embeddings: Embeddings) -> None:
         try:
             (result,) = self._engine.transcribe_batch([item.request])
         except Exception as exc:
             _fail(item, exc)
         else:
-            (result,) = self._embed_speakers([item], [result])
+            (result,) = with_speakers([result], [embeddings])
             _answer(item, _set_result, result)
 
-    def _embed_speakers(
-        self, batch: list[_Item], results: list[EngineResult]
-    ) -> list[EngineResult]:
-        """The batch's results with the speaker embeddings its diarized finals asked for, all
-        in one call of the embedding model. A model that cannot load or fails leaves them
-        without: their finals then say no speaker, and their text is not lost."""
+    def _embed_beside(self, batch: list[_Item]) -> Future[list[Embeddings]] | None:
+        """Start the batch's speaker embeddings on the speaker thread, when its requests ask
+        for some and the model runs beside the decodes (`Embedder.concurrent`); None: they
+        are embedded after the decodes, if at all (`_embeddings`)."""
+        if not any(item.request.speaker_windows for item in batch):
+            return None
+        embedder = self._embedder.get()
+        if embedder is None or not embedder.concurrent:
+            return None
         requests = [item.request for item in batch]
-        if any(request.speaker_windows for request in requests):
-            started = time.monotonic()
-            if (embedder := self._embedder.get()) is not None:
-                try:
-                    results = embed_speakers(embedder, requests, results)
-                except Exception:
-                    log.exception("speaker embeddings failed: these finals go without speakers")
-                self.metrics.diarization_seconds.observe(time.monotonic() - started)
-        return results
+        return self._speaker_thread.submit(self._embed, embedder, requests)
+
+    def _embeddings(
+        self, batch: list[_Item], beside: Future[list[Embeddings]] | None
+    ) -> list[Embeddings]:
+        """The speaker embeddings of each request of the batch: those the speaker thread
+        computed (waited for), or computed now. A model that cannot load or fails leaves them
+        empty: their finals then say no speaker, and their text is not lost."""
+        none: list[Embeddings] = [() for _ in batch]
+        try:
+            if beside is not None:
+                return beside.result()
+            asked = any(item.request.speaker_windows for item in batch)
+            if asked and (embedder := self._embedder.get()) is not None:
+                return self._embed(embedder, [item.request for item in batch])
+        except Exception:
+            log.exception("speaker embeddings failed: these finals go without speakers")
+        return none
+
+    def _embed(self, embedder: Embedder, requests: list[EngineRequest]) -> list[Embeddings]:
+        """The requests' embeddings, timed (engine thread, or the speaker thread)."""
+        started = time.monotonic()
+        try:
+            return speaker_vectors(embedder, requests)
+        finally:
+            self.metrics.diarization_seconds.observe(time.monotonic() - started)
 
     def _answer_turns(self, turns: list[_Item]) -> None:
         """Answer the batch's turn requests (`DecodeKind.TURN`) before its decodes, in one

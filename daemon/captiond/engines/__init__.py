@@ -8,6 +8,7 @@ Engine modules are imported lazily so that `import captiond` never imports torch
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -80,10 +81,14 @@ def load_engine(config: EngineConfig) -> Engine:
     return engine
 
 
-def speaker_embedder(config: EngineConfig) -> Callable[[], Embedder] | None:
+def speaker_embedder(
+    config: EngineConfig, *, beside_decodes: bool = False
+) -> Callable[[], Embedder] | None:
     """How the engine thread loads the speaker-embedding model, on the engine's device, when a
     diarized stream first needs it (loading it costs torch's import and 30 MB that most
-    daemons never use); None when diarization cannot run here (engines.models)."""
+    daemons never use); None when diarization cannot run here (engines.models).
+    `beside_decodes`: on the CPU it runs on the scheduler's speaker thread, beside the decodes,
+    on half the cores (engines/speakers.py); otherwise on torch's own count of threads."""
     if not diarization_available():
         return None
     device = resolve_engine_config(config).device
@@ -91,7 +96,8 @@ def speaker_embedder(config: EngineConfig) -> Callable[[], Embedder] | None:
     def load() -> Embedder:
         from captiond.engines.speakers import SpeakerEmbedder
 
-        return SpeakerEmbedder(device)
+        threads = max(1, (os.cpu_count() or 2) // 2) if beside_decodes else 0
+        return SpeakerEmbedder(device, threads=threads)
 
     return load
 
@@ -119,7 +125,7 @@ def scheduler_models(config: Config) -> dict[str, Any]:
     `captiond serve` and the benches' daemons load them: the ones every stream needs before
     the daemon serves, the others when a stream first asks."""
     return {
-        "embedder": speaker_embedder(config.engine),
+        "embedder": speaker_embedder(config.engine, beside_decodes=True),
         "load_embedder_at_start": config.stream.diarize,
         "turn_model": turn_model(config),
         "load_turn_model_at_start": config.vad.end_of_turn == "model",

@@ -142,34 +142,53 @@ class EngineResult:
 
 
 class Embedder(Protocol):
-    """A speaker-embedding model (engines/speakers.py), run on the engine thread."""
+    """A speaker-embedding model (engines/speakers.py). `concurrent`: it runs on the
+    scheduler's speaker thread, beside the engine's decodes (a model on the CPU, where a decode
+    leaves cores idle); otherwise on the engine thread after them (a model on the engine's GPU,
+    whose work would only queue behind the decodes', and whose CUDA graphs another thread's
+    kernels must not disturb while they are captured)."""
+
+    concurrent: bool
 
     def embed(self, windows: Sequence[npt.NDArray[np.float32]]) -> npt.NDArray[np.float32]:
         """One unit-length embedding per window, as rows."""
         ...
 
 
-def embed_speakers(
-    embedder: Embedder, requests: Sequence[EngineRequest], results: Sequence[EngineResult]
-) -> list[EngineResult]:
-    """`results` with the speaker embeddings their requests asked for, every request's windows
-    embedded in one call (engine thread): the batch's streams share the model's batches."""
+Embeddings = tuple[tuple[float, ...], ...]
+
+
+def speaker_vectors(embedder: Embedder, requests: Sequence[EngineRequest]) -> list[Embeddings]:
+    """The speaker embeddings each request asked for (`speaker_windows`), every request's
+    windows embedded in one call: the batch's streams share the model's batches."""
     windows = [
         request.audio[start:end] for request in requests for start, end in request.speaker_windows
     ]
-    if not windows:
-        return list(results)
-    vectors = embedder.embed(windows)
-    out: list[EngineResult] = []
+    vectors = embedder.embed(windows) if windows else np.zeros((0, 0), dtype=np.float32)
+    out: list[Embeddings] = []
     row = 0
-    for request, result in zip(requests, results, strict=True):
+    for request in requests:
         taken = len(request.speaker_windows)
-        if taken:
-            embeddings = tuple(tuple(float(x) for x in v) for v in vectors[row : row + taken])
-            result = dataclasses.replace(result, speaker_embeddings=embeddings)
-        out.append(result)
+        out.append(tuple(tuple(float(x) for x in v) for v in vectors[row : row + taken]))
         row += taken
     return out
+
+
+def with_speakers(
+    results: Sequence[EngineResult], embeddings: Sequence[Embeddings]
+) -> list[EngineResult]:
+    """`results` with their requests' speaker embeddings (`speaker_vectors`)."""
+    return [
+        dataclasses.replace(result, speaker_embeddings=vectors) if vectors else result
+        for result, vectors in zip(results, embeddings, strict=True)
+    ]
+
+
+def embed_speakers(
+    embedder: Embedder, requests: Sequence[EngineRequest], results: Sequence[EngineResult]
+) -> list[EngineResult]:
+    """`results` with the speaker embeddings their requests asked for, in one call."""
+    return with_speakers(results, speaker_vectors(embedder, requests))
 
 
 class TurnModel(Protocol):

@@ -29,12 +29,13 @@ next decode; otherwise the pause's early final follows and the pause may last
 `max_turn_silence_ms`. With `[stream] context_across_turns` false, the utterance after a turn
 the model ended is decoded without the earlier finals as its forced prefix.
 
-A diarized session (`?diarize=true`, `[stream] diarize`) asks each final's decode for speaker
-embeddings of windows over the utterance's voiced stretches (the VAD keeps them), and sends the
-final as one final per speaker, each with its `speaker` (streaming/speakers.py). With `[stream]
-cut_at_speaker_change` its partials ask for the windows as they fill, and a change of voice
-heard while the utterance goes on ends it there (`_cut_at_speaker_change`); the final reuses
-those embeddings.
+A diarized session (`?diarize=true`, `[stream] diarize`) asks for speaker embeddings of
+windows over the utterance's voiced stretches (the VAD keeps them): each partial's decode for
+the windows that filled since the last, its final's for the rest, so that a final waits for
+one or two windows' embedding, not the utterance's. It sends the final as one final per
+speaker, each with its `speaker` (streaming/speakers.py). With `[stream]
+cut_at_speaker_change` a change of voice the partials' windows hear while the utterance goes on
+ends it there (`_cut_at_speaker_change`).
 """
 
 from __future__ import annotations
@@ -302,7 +303,8 @@ class StreamSession:
             utt = None  # a partial of an utterance whose final was sent meanwhile
         if utt is not None and len(result.speaker_embeddings) == len(request.embed_spans):
             utt.embedded.update(zip(request.embed_spans, result.speaker_embeddings, strict=True))
-            if request.kind is DecodeKind.PARTIAL and request.embed_spans:
+            cuts = self._stream.cut_at_speaker_change
+            if cuts and request.kind is DecodeKind.PARTIAL and request.embed_spans:
                 self._cut_at_speaker_change(utt)
         if utt is not None:
             if result.text.strip():
@@ -589,10 +591,9 @@ class StreamSession:
         if self._speakers is not None and kind is DecodeKind.FINAL:
             spans = speaker_windows(self._segmenter.voiced(utt.speech_start_sample, end))
             embed = tuple(span for span in spans if span not in utt.embedded)
-        elif self._speakers is not None and self._stream.cut_at_speaker_change:
-            # The windows that filled since the last partial, to hear a change while the
-            # utterance goes on. Without the cut the final embeds them all at once: one or two
-            # windows a call cost twice the CPU per window (docs/measurements/diarization.md).
+        elif self._speakers is not None:
+            # The windows that filled since the last partial: embedded beside the partial's
+            # decode on the CPU (decoding/scheduler.py), and heard for a change with the cut.
             voiced = self._segmenter.voiced(utt.speech_start_sample, end)
             embed = tuple(
                 span for span in speaker_windows(voiced, growing=True) if span not in utt.embedded
