@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 from daemon_harness import (
     NotifyListener,
@@ -193,14 +194,18 @@ def test_a_crashed_worker_loses_only_its_sessions_and_is_restarted() -> None:
 
 
 class WedgedEngine(FakeEngine):
-    """A fake engine whose batches wait until `release` is set (a hung GPU call)."""
+    """A fake engine whose batches wait until `release` is set (a hung GPU call); `held`: the
+    requests it holds."""
 
     def __init__(self) -> None:
         super().__init__()
         self.release = threading.Event()
+        self.held = 0
 
     def transcribe_batch(self, requests: Sequence[EngineRequest]) -> list[EngineResult]:
+        self.held = len(requests)
         self.release.wait()
+        self.held = 0
         return super().transcribe_batch(requests)
 
 
@@ -240,6 +245,57 @@ def test_healthz_says_when_the_engine_is_wedged(kind: str, monkeypatch: pytest.M
         assert run(scenario()) == [200, 503, 200]
     finally:
         engine.release.set()
+
+
+def test_a_wedged_engine_bounds_what_waits_in_memory_and_the_rest_waits_in_the_clients() -> None:
+    """Overload at its worst: the engine core answers nothing while two clients send 20 min of
+    speech each as fast as they can. A stream has one decode in flight, so the link to the
+    core carries no more; its worker stops reading it once `max_buffered_s` of audio waits;
+    TCP then holds the clients' sends back. The workers' memory stays put (reading it all
+    would take 2 x 77 MB of float32) and the engine's queue does not grow."""
+    engine = WedgedEngine()
+    config = make_config(server={"max_audio_speed": 1e6, "max_buffered_s": 3.0})
+    flood = tone_bursts([2.0] * 400, gap_s=1.0)  # 20 min of 2-s "utterances"
+    streams = 2
+
+    conns: list[Any] = []
+
+    async def send_all(target: str) -> None:
+        async with connect(target) as conn:
+            conns.append(conn)
+            await conn.recv()  # ready
+            for start in range(0, len(flood), 16_000):
+                await conn.send(flood[start : start + 16_000].tobytes())
+
+    async def scenario() -> tuple[list[int], int, bool]:
+        async with running_pool(workers=2, engine=engine, config=config) as pool:
+            workers_rss = [psutil.Process(pid) for pid in pool.pids[1:]]
+            before = sum(p.memory_info().rss for p in workers_rss)
+            senders = [asyncio.create_task(send_all(url(pool))) for _ in range(streams)]
+            queued = []
+            for _ in range(4):
+                await asyncio.sleep(1.5)
+                queued.append(len(pool._core.scheduler._pending) + engine.held)
+            grown = sum(p.memory_info().rss for p in workers_rss) - before
+            sent_all = any(task.done() and not task.exception() for task in senders)
+            for conn in conns:  # no close handshake gets through a socket nobody reads
+                conn.transport.abort()
+            for task in senders:
+                task.cancel()
+            await asyncio.gather(*senders, return_exceptions=True)
+            engine.release.set()
+        return queued, grown, sent_all
+
+    try:
+        queued, grown, sent_all = run(scenario())
+    finally:
+        engine.release.set()
+    assert not sent_all  # held back by TCP, not read into memory
+    assert grown < 40 << 20, f"the workers grew by {grown >> 20} MB"
+    # The engine's queue: per stream the decode it waits for, and one it withdrew (its
+    # partial, once its utterance ended), dropped when the engine next takes a batch.
+    settled = queued[1:]  # the first sample may come before every stream's first decode
+    assert 1 <= settled[0] <= 2 * streams and settled == [settled[0]] * len(settled), queued
 
 
 def test_a_hung_worker_is_the_pools_to_replace_not_the_watchdogs() -> None:

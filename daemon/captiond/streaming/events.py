@@ -214,7 +214,7 @@ class Final(ServerMessage):
     text: str
     language: str | None = None  # spoken (detected with ?language=auto)
     # Its words with their times and confidences (streaming/words.py); empty when the engine
-    # gives no word timings (torch_graph, whose alignment is not built yet) or the text is.
+    # gives no word timings (every shipped engine gives them) or the text is.
     words: tuple[Word, ...] = ()
     # Who said it, on a diarized stream: speakers are numbered from 0 in the order they first
     # spoke, and a final's speaker is never revised (streaming/speakers.py). None: not diarized,
