@@ -8,6 +8,7 @@ stand in for speech except in the one real-model test.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -583,6 +584,50 @@ def test_speaker_labels_name_each_ended_turn_and_its_words() -> None:
     assert all(w.speaker == t.speaker_label for t in ended for w in t.words)
     assert all(t.speaker_label is None for t in labelled if not t.end_of_turn)
     assert {t.speaker_label for t in capped if t.end_of_turn and t.transcript} == {"A"}
+
+
+def test_end_of_turn_confidence_is_the_models_probability_where_it_judged() -> None:
+    """With the turn keys the model ends the stream's turns, and `end_of_turn_confidence` is
+    its probability (the harness's model says 0.9 at every pause); without them (silence
+    ends turns, no model) it is 1.0 on the Turn that ends a turn and 0.0 before."""
+    pcm = tone_bursts([1.5, 1.5], gap_s=1.2)
+
+    def scenario(port: int, **values: Any) -> list[TurnEvent]:
+        client, recorder = sdk(port)
+        client.connect(params(sample_rate=RATE, **values))
+        client.stream(chunks(pcm, pause_s=0.01))
+        client.disconnect(terminate=True)
+        assert not recorder.of(StreamingError)
+        turns: list[TurnEvent] = recorder.of(TurnEvent)
+        return turns
+
+    async def main() -> tuple[list[TurnEvent], list[TurnEvent]]:
+        async with running_daemon(FAST) as d:
+            judged = await asyncio.wait_for(
+                asyncio.to_thread(scenario, d.port, end_of_turn_confidence_threshold=0.5), 60
+            )
+            silent = await asyncio.wait_for(asyncio.to_thread(scenario, d.port), 60)
+            return judged, silent
+
+    judged, silent = asyncio.run(main())
+    ended = [t for t in judged if t.end_of_turn]
+    assert len(ended) == 2 and all(t.end_of_turn_confidence == 0.9 for t in ended)
+    assert {t.end_of_turn_confidence for t in silent if t.end_of_turn} == {1.0}
+    assert {t.end_of_turn_confidence for t in silent if not t.end_of_turn} == {0.0}
+
+
+def test_a_rendered_turn_says_the_models_latest_probability() -> None:
+    dialect = AssemblyAIDialect({"end_of_turn_confidence_threshold": "0.6"})
+    dialect.stream_params("en")
+    partial = Partial(
+        segment=0, rev=1, start_ms=0, end_ms=900, stable="", separator="", unstable="Hello"
+    )
+    [before] = map(json.loads, dialect.render(partial))
+    [after] = map(json.loads, dialect.render(dataclasses.replace(partial, end_of_turn=0.31234)))
+    final = Final(segment=0, start_ms=0, end_ms=1500, text="Hello.", end_of_turn=0.31234)
+    [end] = map(json.loads, dialect.render(final))
+    assert (before["end_of_turn_confidence"], after["end_of_turn_confidence"]) == (0.0, 0.3123)
+    assert end["end_of_turn"] and end["end_of_turn_confidence"] == 0.3123
 
 
 def test_turn_detection_keys_end_the_streams_turns_by_the_model() -> None:

@@ -12,7 +12,7 @@ from session_harness import RATE, Decoder, Driver, fake_decoder, silence, tone
 from captiond.config import StreamConfig, VadConfig
 from captiond.engines.base import TURN_WINDOW_SAMPLES, DecodeKind, EngineRequest, EngineResult
 from captiond.errors import BadMessageError
-from captiond.streaming.events import Final, SpeechStopped, StreamParams, TurnParams
+from captiond.streaming.events import Final, Partial, SpeechStopped, StreamParams, TurnParams
 
 MODEL = VadConfig(end_of_turn="model")
 # A 1.5-s tone from 0.5 s: its last voiced frame ends at 2.01 s, the model's pause of 180 ms
@@ -68,6 +68,7 @@ def test_a_complete_turn_ends_at_the_pause_not_at_the_silence_endpoint() -> None
     (stop,) = driver.of(SpeechStopped)
     (final,) = driver.of(Final)
     assert stop.end_ms == final.end_ms == PAUSE_MS  # 300 ms sooner than the 500-ms endpoint
+    assert final.end_of_turn == 0.9
     finals = [r for r in driver.requests if r.kind is DecodeKind.FINAL]
     assert len(finals) == 1  # the early final is the final: no second decode
 
@@ -93,6 +94,27 @@ def test_a_speaker_who_goes_on_after_an_incomplete_verdict_stays_in_one_utteranc
     driver.send(silence(1.5))
     (final,) = driver.of(Final)
     assert final.start_ms < 500 and final.end_ms > 3500
+
+
+def test_partials_and_the_final_say_the_models_latest_verdict() -> None:
+    """`end_of_turn`: the probability of the model's latest check of the segment, on the
+    partials after it and on the final; absent before the first check and without the model."""
+    driver = Driver(judging(0.2), vad=MODEL)
+    speak(driver, then_silence_s=1.0)
+    driver.send(tone(1.0))  # goes on after the unfinished verdict
+    driver.send(silence(1.6))
+    partials = driver.of(Partial)
+    first_asked_ms = PAUSE_MS
+    before = [p for p in partials if p.end_ms <= first_asked_ms]
+    after = [p for p in partials if p.end_ms > first_asked_ms + 300]
+    assert before and all(p.end_of_turn is None for p in before)
+    assert "end_of_turn" not in before[0].to_dict()
+    assert after and all(p.end_of_turn == 0.2 for p in after)
+    (final,) = driver.of(Final)
+    assert final.end_of_turn == 0.2 and final.to_dict()["end_of_turn"] == 0.2
+    silent = Driver(judging(0.9))
+    speak(silent, then_silence_s=1.0)
+    assert all("end_of_turn" not in m.to_dict() for m in (*silent.of(Partial), *silent.of(Final)))
 
 
 def test_the_threshold_decides() -> None:

@@ -23,8 +23,11 @@ cost every decode an alignment pass), but the SDK's Word requires times and a co
 interim Turn's word times are interpolated, not measured: spread evenly over the part of the
 segment not yet taken by earlier words, and kept once the word is final (word_is_final: they do
 not change in later interim Turns), with confidence 0.0. The end-of-turn Turn replaces them with
-the measured ones (its text is the same). `end_of_turn_confidence` is 1.0 on a
-final and 0.0 otherwise: it says which Turn ends the turn, not a model's score.
+the measured ones (its text is the same). `end_of_turn_confidence` is the end-of-turn model's
+probability that the speaker was done, at its latest check of the turn (a pause), where the
+stream's turns end by it; before its first check, and on a stream whose turns end by silence
+(no model), it is 1.0 on the Turn that ends the turn and 0.0 before: which Turn ends the turn,
+not a model's score.
 
 `keyterms_prompt` (in the query or an `UpdateConfiguration`; `[]` clears it) becomes the stream's
 prompt: the terms, comma-separated, which Whisper reads before every decode's previous text.
@@ -240,7 +243,14 @@ class AssemblyAIDialect:
         words = _interpolated(turn, [*stable, *units(message.unstable)], message.end_ms)
         turn.final_words = words[: len(stable)]
         language = message.language if self._language_detection else None
-        return self._turn(message.segment, words, len(stable), end=False, language=language)
+        return self._turn(
+            message.segment,
+            words,
+            len(stable),
+            end=False,
+            language=language,
+            end_of_turn=message.end_of_turn,
+        )
 
     def _render_final(self, message: Final) -> list[str]:
         # Measured (streaming/words.py); None: a word the final kept from its partials that its
@@ -262,7 +272,14 @@ class AssemblyAIDialect:
         speaker = message.speaker
         turns = [
             self._turn(
-                order, words, n_final, end=True, language=language, text=text, speaker=speaker
+                order,
+                words,
+                n_final,
+                end=True,
+                language=language,
+                text=text,
+                speaker=speaker,
+                end_of_turn=message.end_of_turn,
             )
         ]
         if self._format_turns:
@@ -276,6 +293,7 @@ class AssemblyAIDialect:
                     text=text,
                     formatted=True,
                     speaker=speaker,
+                    end_of_turn=message.end_of_turn,
                 )
             )
         return turns
@@ -291,10 +309,12 @@ class AssemblyAIDialect:
         text: list[str] | None = None,
         formatted: bool = False,
         speaker: int | None = None,
+        end_of_turn: float | None = None,
     ) -> str:
         """One Turn: the first `n_final` words are final; `language` is the detected one (only
         with `language_detection`). `text`: the final's units, its transcript (its words may be
-        fewer: none from an engine without word timings); else the final words make it."""
+        fewer: none from an engine without word timings); else the final words make it.
+        `end_of_turn`: the end-of-turn model's latest probability (None: not asked)."""
         shown = [
             (w.text if formatted else plain_unit(w.text), w, i < n_final)
             for i, w in enumerate(words)
@@ -312,7 +332,9 @@ class AssemblyAIDialect:
                 "turn_is_formatted": formatted,
                 "end_of_turn": end,
                 "transcript": transcript,
-                "end_of_turn_confidence": 1.0 if end else 0.0,
+                "end_of_turn_confidence": (1.0 if end else 0.0)
+                if end_of_turn is None
+                else round(end_of_turn, 4),
                 "words": [
                     {
                         "start": w.start_ms,

@@ -189,6 +189,20 @@ class Partial(ServerMessage):
     separator: str
     unstable: str
     language: str | None = None  # spoken (detected with ?language=auto)
+    # With [vad] end_of_turn = "model": the model's probability that the speaker was done, at
+    # its latest check of this segment (a pause); None (and absent from the JSON): not asked.
+    end_of_turn: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return _without_unasked_turn(ServerMessage.to_dict(self))
+
+
+def _without_unasked_turn(data: dict[str, Any]) -> dict[str, Any]:
+    """`end_of_turn` only where the end-of-turn model was asked: a stream without it sends
+    what it always has."""
+    if data.get("end_of_turn", 0.0) is None:
+        del data["end_of_turn"]
+    return data
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -220,11 +234,14 @@ class Final(ServerMessage):
     # spoke, and a final's speaker is never revised (streaming/speakers.py). None: not diarized,
     # or too little audio to tell.
     speaker: int | None = None
+    # As Partial's: at the check that ended the utterance, or the latest before it ended
+    # otherwise; on a diarized final split at a speaker change, only its last part's.
+    end_of_turn: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = ServerMessage.to_dict(self)
         data["words"] = list(data["words"])  # a JSON array, as the journal reads it back
-        return data
+        return _without_unasked_turn(data)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

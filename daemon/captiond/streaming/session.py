@@ -669,6 +669,7 @@ class StreamSession:
                 separator=separator(stable, split.unstable[0] if split.unstable else ""),
                 unstable=join_units(split.unstable),
                 language=utt.language,
+                end_of_turn=utt.turn_probability,
             )
         )
 
@@ -701,6 +702,9 @@ class StreamSession:
         streaming/vad.py); below it (or no verdict: a model that failed) the pause's early
         final is asked next, and the pause may last `max_turn_silence_ms`."""
         probability = result.turn_probability
+        for judged in (self._open, *self._closed):
+            if judged is not None and judged.index == request.utterance and probability is not None:
+                judged.turn_probability = probability
         if probability is not None and probability >= self._turn_vad.end_of_turn_threshold:
             closed = len(self._closed)
             self._handle_vad(self._segmenter.turn_ended(request.end_sample))
@@ -760,11 +764,15 @@ class StreamSession:
                 text=text,
                 language=utt.language,
                 words=words,
+                end_of_turn=utt.turn_probability,
             )
             if self._speakers is not None:
                 spans = [span for span in request.speaker_spans if span in utt.embedded]
                 labels = self._speakers.label([utt.embedded[span] for span in spans])
-                first, *rest = by_speaker(final, spans, labels)
+                parts = by_speaker(final, spans, labels)
+                # The model judged the pause after the last part; a speaker change ends the others.
+                parts[:-1] = [dataclasses.replace(part, end_of_turn=None) for part in parts[:-1]]
+                first, *rest = parts
                 self._outbox.append(first)
                 self._outbox += [
                     dataclasses.replace(part, segment=self._segment_of_part()) for part in rest

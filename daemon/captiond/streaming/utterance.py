@@ -75,6 +75,9 @@ class Utterance:
     early_end_sample: int = 0  # audio end of the latest early final asked for
     turn_asked_sample: int = 0  # the pause the end-of-turn model was last asked about
     turn_over: bool = False  # the end-of-turn model ended it
+    # The end-of-turn model's probability that the speaker was done, at its latest check of
+    # this utterance (a pause); None: not asked.
+    turn_probability: float | None = None
     # An early final's answer, kept until the endpoint: its request, the text decoded and the
     # decode's result (its word timings and speaker embeddings).
     early: tuple[DecodeRequest, str, EngineResult] | None = None
@@ -88,7 +91,7 @@ class Utterance:
     switch: tuple[str | None, float] | None = None
     chinese_variant: str = ""  # the stream's when the utterance began ("": as Whisper writes)
     agreement: LocalAgreement = field(default_factory=LocalAgreement)
-    # A diarized utterance's speaker embeddings so far, by window (stream samples): those of an
-    # early final, and with `cut_at_speaker_change` its partials' (each whole window once);
-    # the final reuses them (streaming/speakers.py).
+    # A diarized utterance's speaker embeddings so far, by window (stream samples): its
+    # partials' (each whole window once) and an early final's; the final reuses them
+    # (streaming/speakers.py).
     embedded: dict[tuple[int, int], tuple[float, ...]] = field(default_factory=dict)
