@@ -251,13 +251,13 @@ class InferenceScheduler:
             try:
                 results = self._engine.transcribe_batch([item.request for item in live])
             except Exception as exc:  # the engine's failure fails a request, not the daemon
-                embeddings = self._embeddings(live, speakers)
                 if len(live) == 1:
                     _fail(live[0], exc)
                 else:
                     # One request the engine cannot take (a language a resumed session's
                     # model lacks) must not fail the other streams of its batch.
                     log.exception("engine failed on a batch of %d: each again alone", len(live))
+                    embeddings = self._embeddings(live, speakers)
                     for item, vectors in zip(live, embeddings, strict=True):
                         self._run_alone(item, vectors)
             else:

@@ -11,9 +11,9 @@ bins from 20 Hz to Nyquist, natural log), then each window's mean is taken out.
 `SpeakerEmbedder` embeds a batch of audio windows on the engine's device (the GPU when there
 is one) and returns one L2-normalised 192-d vector per window. On the GPU it runs on the
 engine thread after the batch's decodes; on the CPU on the scheduler's speaker thread, beside
-them (decoding/scheduler.py), with torch on `threads` of the cores: one per window batch is
-the cheapest per window (on the 2-core VM 35-49 ms of CPU a window on one thread, 46-85 ms on
-two), and the decoder leaves the others to it. Nothing here downloads anything.
+them (decoding/scheduler.py), on `threads` torch threads (half the cores, in the daemon): fewer
+threads cost less CPU a window (on the 2-core VM 35-49 ms on one thread, 46-85 ms on two), and
+the decoder leaves the other cores to them. Nothing here downloads anything.
 """
 
 from __future__ import annotations

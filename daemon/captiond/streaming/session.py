@@ -702,9 +702,10 @@ class StreamSession:
         streaming/vad.py); below it (or no verdict: a model that failed) the pause's early
         final is asked next, and the pause may last `max_turn_silence_ms`."""
         probability = result.turn_probability
-        for judged in (self._open, *self._closed):
-            if judged is not None and judged.index == request.utterance and probability is not None:
-                judged.turn_probability = probability
+        if probability is not None:
+            for judged in (self._open, *self._closed):
+                if judged is not None and judged.index == request.utterance:
+                    judged.turn_probability = probability  # clients see it (Partial, Final)
         if probability is not None and probability >= self._turn_vad.end_of_turn_threshold:
             closed = len(self._closed)
             self._handle_vad(self._segmenter.turn_ended(request.end_sample))
