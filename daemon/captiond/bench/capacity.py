@@ -80,7 +80,7 @@ _ENGINE_SAMPLES = (
     "captiond_batch_size_sum",
     "captiond_batch_size_count",
 )
-# Speaker-embedding time over the level (the batches with diarized finals; --diarize).
+# Speaker-embedding time over the level (the batches with speaker windows; --diarize).
 _DIARIZATION_SAMPLES = ("captiond_diarization_seconds_sum", "captiond_diarization_seconds_count")
 
 

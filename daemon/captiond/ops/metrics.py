@@ -74,7 +74,7 @@ class Metrics:
         )
         self.diarization_seconds = Histogram(
             "captiond_diarization_seconds",
-            "Speaker-embedding time per engine batch with diarized finals",
+            "Speaker-embedding time per engine batch with speaker windows to embed",
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
