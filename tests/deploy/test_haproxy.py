@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -95,18 +97,17 @@ def _status(port: int, path: str) -> int:
             return int(answer.status)
     except urllib.error.HTTPError as exc:
         return exc.code
-    except OSError:
+    except (OSError, http.client.HTTPException):  # not listening yet, or not an HTTP answer
         return 0
 
 
 def _free_ports(count: int) -> int:
-    """A base port whose `count` ports from it are all free on loopback."""
+    """A base port whose `count` ports from it are all free on loopback, below the kernel's
+    ephemeral range: a probe of an instance not listening yet on a port in that range can
+    connect to itself (its own source port) and read its request back as the answer."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = int(probe.getsockname()[1])
-        if base + count > 65_000:
-            continue
+        base = random.randrange(10_000, max(10_001, low - count))
         try:
             with contextlib.ExitStack() as stack:
                 for port in range(base, base + count):
