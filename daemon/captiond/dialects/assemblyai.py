@@ -269,8 +269,8 @@ class AssemblyAIDialect:
         language = message.language if self._language_detection else None
         order, n_final = message.segment, len(words)
         text = units(message.text)
-        speaker = message.speaker
-        turns = [
+        # The end of the turn, then its formatted copy when `format_turns` asks for one.
+        return [
             self._turn(
                 order,
                 words,
@@ -278,25 +278,12 @@ class AssemblyAIDialect:
                 end=True,
                 language=language,
                 text=text,
-                speaker=speaker,
+                formatted=formatted,
+                speaker=message.speaker,
                 end_of_turn=message.end_of_turn,
             )
+            for formatted in ((False, True) if self._format_turns else (False,))
         ]
-        if self._format_turns:
-            turns.append(
-                self._turn(
-                    order,
-                    words,
-                    n_final,
-                    end=True,
-                    language=language,
-                    text=text,
-                    formatted=True,
-                    speaker=speaker,
-                    end_of_turn=message.end_of_turn,
-                )
-            )
-        return turns
 
     def _turn(
         self,
