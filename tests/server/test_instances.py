@@ -258,6 +258,32 @@ def test_the_busy_watch_projects_a_streams_cost_onto_the_next_one() -> None:
     assert not LoadWatch(max_lag_ms=0).behind(73.0, 10_000)  # 0: no bound
 
 
+def test_a_burst_into_an_idle_instance_is_shed_until_a_stream_is_measured() -> None:
+    """With no cost learned, the dearest window since the streams began is projected,
+    handshakes and all: the door closes early in the burst, stays closed while the count holds
+    and the arrivals leave the window (the latest window alone would say a stream is cheaper),
+    and opens as far as the cost learned once the count held steady allows."""
+    watch = LoadWatch(max_lag_ms=0, max_loop_busy=0.8)
+    _ticks(watch, 0.0, 2.0, busy=0.01, streams=0)  # idle
+    # 100 streams pour in over a second, their handshakes keeping the loop 60 % busy.
+    cpu_s = watch._ticks[-1][1]
+    for i in range(1, 11):
+        cpu_s += 0.6 * LOOP_TICK_S
+        watch.observe_loop(2.0 + i * LOOP_TICK_S, cpu_s, 10 * i)
+    # The window's busy share is 0.3 over 16 streams on average: 0.019 each.
+    assert watch.behind(3.0, 100)
+    # The burst is over; refusals keep the loop 30 % busy for two more seconds.
+    _ticks(watch, 3.1, 4.0, busy=0.3, streams=100)
+    assert watch.behind(4.0, 100)  # the latest window's 0.006 each would let in 35 more
+    # Once the count has held for a whole window, what a stream costs is known: 0.003.
+    _ticks(watch, 4.1, 6.5, busy=0.3, streams=100)
+    assert watch.projected_busy(100) == pytest.approx(0.303)
+    assert not watch.behind(6.5, 265) and watch.behind(6.5, 266)
+    # Back to idle, the unsteady estimate is forgotten (the steady cost, for COST_MEMORY_S).
+    _ticks(watch, 6.6, 70.0, busy=0.01, streams=0)
+    assert watch.projected_busy(500) == pytest.approx(0.01)
+
+
 def test_a_daemon_whose_event_loop_is_busy_refuses_new_streams() -> None:
     """`max_loop_busy` measured on the daemon's real loop: a callback that spends 80 ms of the
     loop thread's CPU in every 100 ms keeps it busy past 0.2, so a new stream gets `overloaded`
