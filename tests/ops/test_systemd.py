@@ -75,12 +75,23 @@ def test_a_system_unit_warns_of_a_captiond_it_cannot_see(tmp_path: Path) -> None
 def test_system_units_keep_their_caches_in_their_cache_directory() -> None:
     # A dynamic user's home is /, read-only under ProtectSystem=strict: models joined from
     # packages and the Hugging Face cache go to CacheDirectory= instead; each instance of the
-    # template runs as its own dynamic user, so each has its own folders.
-    for kind, directory in (("system", "captiond"), ("template", "captiond/%i")):
+    # template has its own, so that two never join a model into one folder at once.
+    for kind, directory in (("system", "captiond"), ("template", "captiond-gpu/%i")):
         unit = render_unit(kind)
         assert f"CacheDirectory={directory}\n" in unit
         assert f"Environment=XDG_CACHE_HOME=%C/{directory}\n" in unit
-        assert f"StateDirectory={directory}\n" in unit
+
+
+def test_the_templates_instances_share_one_user_and_one_journal_folder() -> None:
+    # systemd shares a dynamic user between the units that name it, so every captiond@N runs
+    # as captiond-gpu and can write the one journal folder where any of them takes back the
+    # sessions of one that died; the single daemon keeps a user and folders of its own.
+    template, system = render_unit("template"), render_unit("system")
+    assert (
+        "DynamicUser=yes\n" in template and "\nUser=captiond-gpu\nGroup=captiond-gpu\n" in template
+    )
+    assert "StateDirectory=captiond-gpu\n" in template
+    assert "\nUser=" not in system and "StateDirectory=captiond\n" in system
 
 
 def _printed_config(flag: list[str], env: dict[str, str] | None = None) -> str:
@@ -96,11 +107,10 @@ def _printed_config(flag: list[str], env: dict[str, str] | None = None) -> str:
 
 def test_the_example_journal_is_in_a_folder_the_unit_can_write(tmp_path: Path) -> None:
     # ProtectSystem=strict leaves a system unit only its StateDirectory= to write (the
-    # template's instance N: /var/lib/captiond/N); a user service, the user's own state folder.
-    for flag, state in (([], "captiond"), (["--template"], "captiond/%i")):
+    # template's instances, the one they share); a user service, the user's own state folder.
+    for flag, state in (([], "captiond"), (["--template"], "captiond-gpu")):
         assert f"StateDirectory={state}\n" in render_unit("template" if flag else "system")
-        writable = "/var/lib/" + state.replace("%i", "0")  # the config written is 0.toml
-        assert f'# dir = "{writable}/journal"\n' in _printed_config(flag)
+        assert f'# dir = "/var/lib/{state}/journal"\n' in _printed_config(flag)
     env = {**os.environ, "HOME": str(tmp_path)}
     env.pop("XDG_STATE_HOME", None)
     assert f'# dir = "{tmp_path}/.local/state/captiond/journal"\n' in _printed_config(

@@ -114,12 +114,12 @@ UNIT_FILES = {
 }
 
 
-def _hardening(directory: str) -> str:
-    """The system units' sandbox; `directory` names their cache and state folders (one per
-    instance of the template: each runs as its own dynamic user, which owns its folders)."""
+def _hardening(cache: str, state: str, user: str = "") -> str:
+    """The system units' sandbox; `cache` and `state` name their cache and state folders, and
+    `user` their dynamic user (empty: one of the unit's own name)."""
     return f"""\
 DynamicUser=yes
-SupplementaryGroups=audio video render
+{user}SupplementaryGroups=audio video render
 NoNewPrivileges=yes
 ProtectSystem=strict
 ProtectHome=yes
@@ -135,12 +135,12 @@ RestrictSUIDSGID=yes
 LockPersonality=yes
 RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK
 SystemCallArchitectures=native
-CacheDirectory={directory}
+CacheDirectory={cache}
 # Models joined from packages (--model base) or fetched with --download, and the Hugging Face
 # cache, go there: a dynamic user's home is /, read-only here.
-Environment=XDG_CACHE_HOME=%C/{directory}
-# /var/lib/{directory}: the transcript journal's home ([journal] dir), kept across restarts.
-StateDirectory={directory}
+Environment=XDG_CACHE_HOME=%C/{cache}
+# /var/lib/{state}: the transcript journal's home ([journal] dir), kept across restarts.
+StateDirectory={state}
 StateDirectoryMode=0700
 # The GPU (and the sound card) stay visible: no PrivateDevices, an explicit device list.
 DevicePolicy=closed
@@ -172,7 +172,7 @@ _SPECS = {
         config="/etc/captiond/captiond.toml",
         after="network-online.target sound.target",
         environment="",
-        hardening=_hardening("captiond"),
+        hardening=_hardening("captiond", "captiond"),
         wanted_by="multi-user.target",
     ),
     "user": _UnitSpec(
@@ -189,7 +189,14 @@ _SPECS = {
         config="/etc/captiond/%i.toml",
         after="network-online.target",
         environment="Environment=CUDA_VISIBLE_DEVICES=%i\n",
-        hardening=_hardening("captiond/%i"),
+        hardening=_hardening(
+            "captiond-gpu/%i",
+            "captiond-gpu",
+            "# One dynamic user for every instance (systemd shares it between the units that\n"
+            "# name it), so that they share one journal folder, where each takes back the\n"
+            "# sessions of one that died.\n"
+            "User=captiond-gpu\nGroup=captiond-gpu\n",
+        ),
         wanted_by="multi-user.target",
         options=" --instance gpu%i",
     ),
@@ -290,8 +297,8 @@ def plan_install(kind: str, exec_path: str, env: Mapping[str, str] = os.environ)
             config_path=config_home / "captiond" / "captiond.toml",
             config_text=example_config(str(state_home / "captiond" / "journal")),
         )
-    # The template's StateDirectory=captiond/%i: each instance writes only its own folder.
-    state = f"captiond/{TEMPLATE_INSTANCE}" if kind == "template" else "captiond"
+    # The template's StateDirectory=captiond-gpu: one journal folder for all its instances.
+    state = "captiond-gpu" if kind == "template" else "captiond"
     config = f"{TEMPLATE_INSTANCE}.toml" if kind == "template" else "captiond.toml"
     return Install(
         unit_path=Path("/etc/systemd/system") / UNIT_FILES[kind],
