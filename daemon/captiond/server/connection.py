@@ -171,12 +171,12 @@ class LiveStream:
             return self._refused_code or CLOSE_DROPPED
         return self.close_code
 
-    def end_for_shutdown(self) -> None:
-        """The daemon is stopping: end the input now; the finals still come, then the
-        `shutting_down` error and 1001 (a journaled session can be taken back after the
-        restart)."""
+    def end_for_shutdown(self, why: str = "the daemon is stopping; reconnect to resume") -> None:
+        """The daemon is stopping, or another instance takes the session back: end the input
+        now; the finals still come, then the `shutting_down` error (`why`) and 1001 (a
+        journaled session can be taken back after the restart, or by the other instance)."""
         if self.error is None and not self.finished.is_set():
-            self.error = ShuttingDownError("the daemon is stopping; reconnect to resume")
+            self.error = ShuttingDownError(why)
         self._end_input()
         self._release()
 

@@ -9,7 +9,8 @@ token); connections per IP and the session limit right after it. A stream's sess
 LiveStream (server/connection.py: reader, pump, journal, limits, close codes) that outlives its
 connection: this module opens it, gives it back to a client that presents its resume token
 (from memory, or after a restart from the journal), and writes its log line and journal end
-record when it is over.
+record when it is over. A resume of a session another live instance holds asks that one to let
+it go (journal/handover.py), and this one, holding sessions, lets go of those others ask for.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from captiond.errors import (
     ShuttingDownError,
     SourceNotFoundError,
 )
+from captiond.journal import handover
 from captiond.journal.reader import JournalSession, find_session
 from captiond.journal.writer import (
     JOURNAL_FILE_NAME,
@@ -57,6 +59,7 @@ from captiond.journal.writer import (
     JournalError,
     Ownership,
     SessionOwnedError,
+    file_safe_id,
     open_journal,
 )
 from captiond.ops.memory import trim_after_peaks
@@ -131,6 +134,7 @@ class Daemon:
         self._tasks: set[asyncio.Task[None]] = set()
         self._trimmer: asyncio.Task[None] | None = None
         self._loop_watch: asyncio.Task[None] | None = None
+        self._handovers: asyncio.Task[None] | None = None
         self._max_sessions = self._share(config.server.max_sessions)
         self._per_ip = ConnectionsPerIp(self._share(config.server.max_sessions_per_ip))
         # Every worker writes its own sessions' files; one of them applies retention.
@@ -243,10 +247,32 @@ class Daemon:
         self._trimmer = asyncio.create_task(trim_after_peaks(lambda: self.sessions_open))
         if self.load.max_loop_busy:
             self._loop_watch = asyncio.create_task(watch_loop(self._observe_loop))
+        if self._journal is not None and self.config.server.instance:
+            # A named instance may share its journal folder with others (deploy/haproxy).
+            self._handovers = asyncio.create_task(self._let_go_when_asked(self._journal.dir))
 
     def _observe_loop(self, now_s: float, cpu_s: float) -> None:
         self.load.observe_loop(now_s, cpu_s, self.sessions_open)
         self.metrics.loop_busy.set(self.load.busy_share())
+
+    async def _let_go_when_asked(self, folder: Path) -> None:
+        """For ever: every handover.POLL_S, let go of the live sessions another instance asks
+        for (journal/handover.py), as a drain does, so that it takes them back."""
+        while True:
+            await asyncio.sleep(handover.POLL_S)
+            if not self._live:
+                continue
+            try:
+                asked = await asyncio.to_thread(handover.requested, folder)
+            except OSError as exc:
+                log.warning("cannot read handover requests in %s: %s", folder, exc)
+                continue
+            for live in list(self._live.values()):
+                if file_safe_id(live.id) in asked and not live.finished.is_set():
+                    log.info("session %s let go: another instance takes it back", live.id)
+                    live.end_for_shutdown(
+                        "the session moved to another instance; reconnect to resume"
+                    )
 
     def _new_connection(self) -> AnsweringConnection:
         assert self._server is not None
@@ -299,7 +325,7 @@ class Daemon:
             if conn.transport is not None:
                 conn.transport.abort()
         await self._server.wait_closed()
-        for task in (self._trimmer, self._loop_watch):
+        for task in (self._trimmer, self._loop_watch, self._handovers):
             if task is not None:
                 task.cancel()
         if self._journal is not None:
@@ -616,16 +642,50 @@ class Daemon:
                 owner.release()
             return live, None
         if owner is None:
-            # Its journal is locked by another live daemon (a load balancer sent the resume
-            # here while the instance that holds it still runs): the client tries again, and
-            # is sent there or finds it let go (drained, or dead).
-            self.metrics.refused.labels(reason="session held elsewhere").inc()
-            raise OverloadedError(f"session {session_id} is held by another instance")
+            # Its journal is locked by another live daemon: a load balancer sent the resume
+            # here while the instance that holds it still runs. That one is asked to let it go;
+            # if it does not in time, the client tries again.
+            found, owner = await self._handed_over(found, resume)
+            if owner is None:
+                self.metrics.refused.labels(reason="session held elsewhere").inc()
+                raise OverloadedError(f"session {session_id} is held by another instance")
         try:
             return self._from_journal(conn, found, resume, owner)
         except BaseException:
             owner.release()
             raise
+
+    async def _handed_over(
+        self, found: JournalSession, resume: ResumeRequest
+    ) -> tuple[JournalSession, Ownership | None]:
+        """Ask the live daemon that holds `found` to let it go (only for its own client: the
+        token is checked against the journal first), and wait up to handover.WAIT_S for its
+        lock; then the journal's record, read again under it. No lock: not let go in time."""
+        assert self._journal is not None
+        folder, first = self._journal.dir, found.files[0]
+        ResumeKey(
+            session=found.session, secret_sha256=str(found.header.get("resume_sha256"))
+        ).check(resume.token)
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + handover.WAIT_S
+        await asyncio.to_thread(handover.request, folder, found.session)
+        try:
+            while loop.time() < deadline_s:
+                await asyncio.sleep(handover.LOCK_POLL_S)
+                try:
+                    owner = await asyncio.to_thread(Ownership.take, first)
+                except SessionOwnedError:
+                    continue
+                except JournalError:
+                    raise ResumeFailedError(f"unknown session {found.session}") from None
+                try:
+                    return await asyncio.to_thread(find_session, folder, found.session), owner
+                except BaseException:
+                    owner.release()
+                    raise
+            return found, None
+        finally:
+            await asyncio.to_thread(handover.withdraw, folder, found.session)
 
     async def _journaled(self, session_id: str) -> tuple[JournalSession, Ownership | None]:
         """The journal's record of a session this daemon does not hold and, unless another
