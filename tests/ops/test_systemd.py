@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,15 @@ from testkit import REPO_ROOT, missing_tool, read_wav_int16
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from captiond.ops.systemd import DEFAULT_EXEC, UNIT_FILES, Notifier, plan_install, render_unit
+from captiond.config import config_from_mapping
+from captiond.ops.systemd import (
+    DEFAULT_EXEC,
+    UNIT_FILES,
+    Notifier,
+    haproxy_servers,
+    plan_install,
+    render_unit,
+)
 
 CAPTIOND = [sys.executable, "-m", "captiond.cli"]
 
@@ -38,10 +47,9 @@ def test_shipped_units_are_what_install_service_writes(tmp_path: Path) -> None:
             text=True,
             check=True,
         ).stdout
-        assert (
-            render_unit(kind) in printed and plan_install(kind, DEFAULT_EXEC).config_text in printed
-        )
-    system_config = plan_install("system", DEFAULT_EXEC).config_text
+        assert render_unit(kind) in printed
+        assert all(text in printed for _, text in plan_install(kind, DEFAULT_EXEC).configs)
+    ((_, system_config),) = plan_install("system", DEFAULT_EXEC).configs
     assert (REPO_ROOT / "systemd" / "captiond.toml").read_text() == system_config
 
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path)}
@@ -49,7 +57,7 @@ def test_shipped_units_are_what_install_service_writes(tmp_path: Path) -> None:
     first = subprocess.run(install, env=env, capture_output=True, text=True, check=True)
     unit = tmp_path / "systemd" / "user" / "captiond.service"
     config = tmp_path / "captiond" / "captiond.toml"
-    user_config = plan_install("user", DEFAULT_EXEC, env).config_text
+    ((_, user_config),) = plan_install("user", DEFAULT_EXEC, env).configs
     assert unit.read_text() == render_unit("user") and config.read_text() == user_config
     assert "systemctl --user enable --now captiond" in first.stdout
     config.write_text("# mine\n")
@@ -107,15 +115,52 @@ def _printed_config(flag: list[str], env: dict[str, str] | None = None) -> str:
 
 def test_the_example_journal_is_in_a_folder_the_unit_can_write(tmp_path: Path) -> None:
     # ProtectSystem=strict leaves a system unit only its StateDirectory= to write (the
-    # template's instances, the one they share); a user service, the user's own state folder.
-    for flag, state in (([], "captiond"), (["--template"], "captiond-gpu")):
-        assert f"StateDirectory={state}\n" in render_unit("template" if flag else "system")
-        assert f'# dir = "/var/lib/{state}/journal"\n' in _printed_config(flag)
+    # template's instances, the one they share, on in their configs); a user service, the
+    # user's own state folder.
+    assert "StateDirectory=captiond\n" in render_unit("system")
+    assert '# dir = "/var/lib/captiond/journal"\n' in _printed_config([])
+    assert "StateDirectory=captiond-gpu\n" in render_unit("template")
+    ((_, gpu_config),) = plan_install("template", DEFAULT_EXEC).configs
+    assert '\ndir = "/var/lib/captiond-gpu/journal"\n' in gpu_config
     env = {**os.environ, "HOME": str(tmp_path)}
     env.pop("XDG_STATE_HOME", None)
     assert f'# dir = "{tmp_path}/.local/state/captiond/journal"\n' in _printed_config(
         ["--user"], env
     )
+
+
+def test_one_instance_per_gpu_gets_its_ports_the_shared_journal_and_its_haproxy_lines(
+    tmp_path: Path,
+) -> None:
+    """`install-service --template --gpus 2` writes 0.toml and 1.toml, valid configs with the
+    ports and agent ports the shipped haproxy.cfg lists for gpu0 and gpu1, the balancer's keys
+    and the one journal folder, and prints that haproxy.cfg's SERVERS block."""
+    install = plan_install("template", DEFAULT_EXEC, gpus=2)
+    assert [path for path, _ in install.configs] == [
+        Path("/etc/captiond/0.toml"),
+        Path("/etc/captiond/1.toml"),
+    ]
+    for n, (_, text) in enumerate(install.configs):
+        config = config_from_mapping(tomllib.loads(text))
+        assert (config.server.port, config.server.agent_port) == (8766 + n, 9766 + n)
+        assert config.server.max_lag_ms == 1000 and config.server.max_loop_busy == 0.8
+        assert config.journal.dir == "/var/lib/captiond-gpu/journal"
+    shipped = (REPO_ROOT / "deploy" / "haproxy" / "haproxy.cfg").read_text()
+    block = shipped[shipped.index("    # BEGIN SERVERS") : shipped.index("# END SERVERS\n") + 14]
+    assert haproxy_servers(2) == block
+    printed = subprocess.run(
+        [*CAPTIOND, "install-service", "--template", "--gpus", "2", "--print"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert block in printed and "# /etc/captiond/1.toml\n" in printed
+    # --gpus belongs to the template; a count of 0 is refused.
+    for flags in (["--gpus", "2"], ["--template", "--gpus", "0"]):
+        run = subprocess.run(
+            [*CAPTIOND, "install-service", *flags, "--print"], capture_output=True, text=True
+        )
+        assert run.returncode == 2 and "--gpus" in run.stderr, run.stderr
 
 
 def test_a_configuration_mistake_is_not_restarted() -> None:

@@ -27,6 +27,13 @@ def add_service_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     kind = p.add_mutually_exclusive_group()
     kind.add_argument("--user", action="store_true", help="a user unit (desktop session mic)")
     kind.add_argument("--template", action="store_true", help="captiond@GPU.service, one per GPU")
+    p.add_argument(
+        "--gpus",
+        type=_gpu_count,
+        default=1,
+        help="with --template: write /etc/captiond/0.toml … N-1.toml, one instance per GPU "
+        "behind HAProxy (default 1)",
+    )
     p.add_argument("--exec", dest="exec_path", help="path of captiond (default: this one)")
     p.add_argument("--print", action="store_true", help="print the unit and config, write nothing")
     p.set_defaults(func=_install_service)
@@ -67,13 +74,21 @@ def _devices(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gpu_count(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 64:
+        raise argparse.ArgumentTypeError(f"{text!r} is no GPU count (1 to 64)")
+    return int(text)
+
+
 def _install_service(args: argparse.Namespace) -> int:
-    from captiond.ops.systemd import DEFAULT_EXEC, plan_install, write_install
+    from captiond.ops.systemd import DEFAULT_EXEC, haproxy_servers, plan_install, write_install
 
     kind = "user" if args.user else "template" if args.template else "system"
+    if args.gpus != 1 and kind != "template":
+        raise ConfigError("--gpus goes with --template (one instance per GPU)")
     exec_path = args.exec_path or shutil.which("captiond") or DEFAULT_EXEC
     resolved = Path(exec_path).resolve()
-    install = plan_install(kind, str(resolved))
+    install = plan_install(kind, str(resolved), gpus=args.gpus)
     hidden = [d for d in ("/home", "/root") if resolved.is_relative_to(d)]
     if kind != "user" and hidden:
         # ProtectHome=yes hides these from the service: it would fail to start.
@@ -83,19 +98,29 @@ def _install_service(args: argparse.Namespace) -> int:
             " say) and pass its path with --exec",
             file=sys.stderr,
         )
+    # The balancer in front of a template's instances: its SERVERS block for them.
+    servers = (
+        f"\n# haproxy.cfg's SERVERS block (deploy/haproxy/haproxy.cfg) for these instances:\n"
+        f"{haproxy_servers(args.gpus)}"
+        if kind == "template"
+        else ""
+    )
     if args.print:
-        print(
-            f"# {install.unit_path}\n{install.unit_text}\n"
-            f"# {install.config_path}\n{install.config_text}"
-        )
+        print(f"# {install.unit_path}\n{install.unit_text}")
+        for path, text in install.configs:
+            print(f"# {path}\n{text}")
+        print(servers, end="")
         return 0
     try:
         print("\n".join(write_install(install)))
     except OSError as exc:
         raise ConfigError(f"cannot write {exc.filename}: {exc.strerror} (root needed?)") from exc
     scope = "--user " if kind == "user" else ""
-    unit = "captiond@0" if kind == "template" else "captiond"
-    print(f"then: systemctl {scope}daemon-reload && systemctl {scope}enable --now {unit}")
+    units = (
+        " ".join(f"captiond@{n}" for n in range(args.gpus)) if kind == "template" else "captiond"
+    )
+    print(f"then: systemctl {scope}daemon-reload && systemctl {scope}enable --now {units}")
+    print(servers, end="")
     return 0
 
 

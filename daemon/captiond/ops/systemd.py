@@ -267,56 +267,118 @@ name = "auto"
 """
 
 
-# The template instance whose config `install-service --template` writes (/etc/captiond/0.toml).
-TEMPLATE_INSTANCE = "0"
-
-
 def example_config(journal_dir: str) -> str:
     """The example config, its journal in `journal_dir`: a folder the unit lets the daemon
     write (ProtectSystem=strict leaves it only its StateDirectory=)."""
     return _EXAMPLE_CONFIG.replace("{journal_dir}", journal_dir)
 
 
+# The template's instances behind HAProxy on their host (deploy/haproxy/haproxy.cfg, whose
+# front end is 8765): instance N listens on GPU_PORT_BASE + N, its agent on GPU_AGENT_BASE + N.
+GPU_PORT_BASE = 8766
+GPU_AGENT_BASE = 9766
+# The template's StateDirectory=captiond-gpu: one journal folder for all its instances.
+GPU_JOURNAL_DIR = "/var/lib/captiond-gpu/journal"
+
+
+def gpu_instance_config(gpu: int) -> str:
+    """/etc/captiond/N.toml for `captiond@N`: its ports among the host's instances, the keys an
+    instance behind a balancer wants, and the journal folder they share."""
+    port, agent_port = GPU_PORT_BASE + gpu, GPU_AGENT_BASE + gpu
+    return f"""\
+# captiond@{gpu}: instance gpu{gpu} on GPU {gpu}, behind HAProxy on this host, which lists it
+# as gpu{gpu} on {port}, its agent on {agent_port} (deploy/haproxy/haproxy.cfg). Every key is
+# optional: `captiond serve --print-config` shows them all.
+
+[server]
+host = "127.0.0.1"
+port = {port}
+# HAProxy's agent check: "drain" while this instance is behind or full.
+agent_port = {agent_port}
+# Refuse a new stream while this instance falls behind; the agent sends it elsewhere.
+max_lag_ms = 1000
+max_loop_busy = 0.8
+# Every stream comes from HAProxy: its X-Forwarded-For names the client.
+trusted_proxies = ["127.0.0.1"]
+
+# One folder for every instance: any of them takes back the sessions of one that stopped or
+# died, or hands one over that a client resumes elsewhere.
+[journal]
+dir = "{GPU_JOURNAL_DIR}"
+
+[engine]
+# auto: the GPU engine when a GPU is visible (this instance sees only GPU {gpu}), else
+# faster-whisper on the CPU.
+name = "auto"
+"""
+
+
+def haproxy_servers(gpus: int) -> str:
+    """haproxy.cfg's SERVERS block for the template's instances 0 … gpus - 1."""
+    names = [f"gpu{n}" for n in range(gpus)]
+    routes = [
+        f"    use-server {name} if {{ urlp(resume) -m beg {name}_ }} || "
+        f"{{ var(txn.instance) -m str {name} }}\n"
+        for name in names
+    ]
+    servers = [
+        f"    server {name} 127.0.0.1:{GPU_PORT_BASE + n} agent-port {GPU_AGENT_BASE + n}\n"
+        for n, name in enumerate(names)
+    ]
+    return "".join(["    # BEGIN SERVERS\n", *routes, *servers, "    # END SERVERS\n"])
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Install:
     unit_path: Path
     unit_text: str
-    config_path: Path
-    config_text: str
+    configs: tuple[tuple[Path, str], ...]  # (path, text): written unless there already
 
 
-def plan_install(kind: str, exec_path: str, env: Mapping[str, str] = os.environ) -> Install:
-    """Where `install-service` writes the unit and the example config, and what."""
+def plan_install(
+    kind: str, exec_path: str, env: Mapping[str, str] = os.environ, gpus: int = 1
+) -> Install:
+    """Where `install-service` writes the unit and its config (the template: one per GPU,
+    `gpus` of them), and what."""
+    unit_text = render_unit(kind, exec_path)
     if kind == "user":
         home = Path(env.get("HOME", "~"))
         config_home = Path(env.get("XDG_CONFIG_HOME") or home / ".config")
         state_home = Path(env.get("XDG_STATE_HOME") or home / ".local" / "state")
         return Install(
             unit_path=config_home / "systemd" / "user" / "captiond.service",
-            unit_text=render_unit(kind, exec_path),
-            config_path=config_home / "captiond" / "captiond.toml",
-            config_text=example_config(str(state_home / "captiond" / "journal")),
+            unit_text=unit_text,
+            configs=(
+                (
+                    config_home / "captiond" / "captiond.toml",
+                    example_config(str(state_home / "captiond" / "journal")),
+                ),
+            ),
         )
-    # The template's StateDirectory=captiond-gpu: one journal folder for all its instances.
-    state = "captiond-gpu" if kind == "template" else "captiond"
-    config = f"{TEMPLATE_INSTANCE}.toml" if kind == "template" else "captiond.toml"
+    unit_path = Path("/etc/systemd/system") / UNIT_FILES[kind]
+    if kind == "template":
+        configs = tuple(
+            (Path("/etc/captiond") / f"{n}.toml", gpu_instance_config(n)) for n in range(gpus)
+        )
+        return Install(unit_path=unit_path, unit_text=unit_text, configs=configs)
+    config = example_config("/var/lib/captiond/journal")
     return Install(
-        unit_path=Path("/etc/systemd/system") / UNIT_FILES[kind],
-        unit_text=render_unit(kind, exec_path),
-        config_path=Path("/etc/captiond") / config,
-        config_text=example_config(f"/var/lib/{state}/journal"),
+        unit_path=unit_path,
+        unit_text=unit_text,
+        configs=((Path("/etc/captiond") / "captiond.toml", config),),
     )
 
 
 def write_install(install: Install) -> list[str]:
-    """Write the unit (replacing it) and the example config (never over an existing one)."""
+    """Write the unit (replacing it) and the configs (never over an existing one)."""
     install.unit_path.parent.mkdir(parents=True, exist_ok=True)
     install.unit_path.write_text(install.unit_text, encoding="utf-8")
     done = [f"wrote {install.unit_path}"]
-    if install.config_path.exists():
-        done.append(f"kept {install.config_path}")
-    else:
-        install.config_path.parent.mkdir(parents=True, exist_ok=True)
-        install.config_path.write_text(install.config_text, encoding="utf-8")
-        done.append(f"wrote {install.config_path}")
+    for path, text in install.configs:
+        if path.exists():
+            done.append(f"kept {path}")
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            done.append(f"wrote {path}")
     return done
