@@ -9,6 +9,8 @@ stream real speech through it.
   real Chromium) resume through HAProxy on another instance, which takes each session back
   from the shared journal; every journaled final reaches its client exactly once, and the
   audio the dead instance had not captioned is sent again.
+- A session that moved while its instance was down goes back to it once it is up: the
+  instance that holds it meanwhile hands it over through the shared journal.
 - A rolling restart of every instance during live streams loses no final and ends no stream
   in an error.
 - A forged token, or one of a finished session, is refused with 4410 by every instance.
@@ -41,8 +43,8 @@ import numpy.typing as npt
 import pytest
 from browser_harness import click, finals_at_least, launch_chromium, open_page, write_capture
 from testkit import REPO_ROOT, missing_tool, read_wav_int16
-from websockets.asyncio.client import connect
-from websockets.exceptions import InvalidStatus
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from captiond.journal.reader import list_sessions
 from captiond_client.stream import stream_samples
@@ -216,6 +218,7 @@ def test_three_instances_spread_streams_fail_over_and_restart_one_by_one(
     with local_set(tmp_path, 3) as local:
         _spread(local, speech)
         _kill_one(local, speech)
+        _handed_back(local, speech)
         _rolling_restart(local, speech)
         _bad_tokens(local)
 
@@ -274,6 +277,77 @@ def _kill_one(local: LocalSet, speech: npt.NDArray[np.float32]) -> None:
         assert run.finals[-1]["end_ms"] > 17_000
     (local.state / f"i{killed['index']}.hold").unlink()
     local.wait_up([killed["index"]])
+
+
+def _handed_back(local: LocalSet, speech: npt.NDArray[np.float32]) -> None:
+    """A session that moved while its instance was down goes back to it: HAProxy sends a
+    resume by the session's prefix to the instance that started it once it is up again, and
+    the instance that holds the session meanwhile hands it over through the shared journal.
+    The client's finals are 0, 1, 2, ... once each, as journaled across three parts."""
+    pcm = (np.clip(speech, -1.0, 1.0) * 32767).astype(np.int16).tobytes()
+    third = len(pcm) // 6 * 2  # a third of the clip, in whole samples
+    finals: list[dict[str, Any]] = []
+
+    async def read_until(conn: ClientConnection, *kinds: str) -> dict[str, Any]:
+        while True:
+            message = json.loads(await asyncio.wait_for(conn.recv(), 20))
+            if message["type"] == "final":
+                finals.append(message)
+            if message["type"] in kinds:
+                return dict(message)
+
+    async def resume(token: str) -> tuple[ClientConnection, dict[str, Any], int]:
+        """As a client resumes: again after a refusal (`shutting_down` from an instance still
+        draining, before HAProxy's checks mark it down), with the finals it lacks; also the
+        tries it took."""
+        for tries in range(1, 41):
+            conn = await connect(local.url(query=f"resume={token}&since={len(finals)}"))
+            with contextlib.suppress(ConnectionClosed):
+                message = await read_until(conn, "resumed", "error")
+                if message["type"] == "resumed":
+                    return conn, message, tries
+            await conn.close()
+            await asyncio.sleep(0.5)
+        raise AssertionError("the session was not resumed")
+
+    async def scenario() -> tuple[str, float]:
+        async with connect(local.url()) as conn:
+            token = json.loads(await conn.recv())["resume_token"]
+            await conn.send(pcm[:third])
+            await asyncio.sleep(1.0)
+            victim = int(token.partition("_")[0].removeprefix("i"))
+            (local.state / f"i{victim}.hold").touch()
+            os.kill(local.pid(victim), signal.SIGTERM)  # a drain: its finals, then 1001
+            assert (await read_until(conn, "error"))["code"] == "shutting_down"
+        # Its instance is down: HAProxy sends the resume to another, which takes it back.
+        elsewhere, resumed, _ = await resume(token)
+        await elsewhere.send(pcm[resumed["received_bytes"] : 2 * third])
+        await asyncio.sleep(1.0)
+        (local.state / f"i{victim}.hold").unlink()
+        await asyncio.to_thread(local.wait_up, [victim])
+        assert elsewhere.transport is not None
+        elsewhere.transport.abort()  # the client's network drops
+        started_s = time.monotonic()
+        back, resumed, tries = await resume(token)
+        waited_s = time.monotonic() - started_s
+        # Handed over at the first try: refused, it would have got `overloaded` until the
+        # instance holding it let it go `resume_s` after the drop.
+        assert tries == 1, tries
+        async with back:
+            await back.send(pcm[resumed["received_bytes"] :])
+            await back.send(json.dumps({"type": "end"}))
+            await read_until(back, "done")
+        return token, waited_s
+
+    token, waited_s = asyncio.run(scenario())
+    print(f"handed back to its restarted instance: resumed after {1000 * waited_s:.0f} ms")
+    session = token.partition(".")[0]
+    (journaled,) = [s for s in list_sessions(local.state / "journal") if s.session == session]
+    assert [f["segment"] for f in finals] == list(range(len(finals))) and len(finals) >= 4
+    assert [(f.segment, f.text) for f in journaled.finals] == [
+        (f["segment"], f["text"]) for f in finals
+    ]
+    assert len(journaled.files) == 3, journaled.files  # its instance, another, its instance
 
 
 def _rolling_restart(local: LocalSet, speech: npt.NDArray[np.float32]) -> None:
