@@ -138,6 +138,33 @@ def test_a_live_instance_hands_a_session_over_to_the_one_its_client_resumes_on(
     print(f"handed over: resumed {1000 * waited_s:.0f} ms after the resume reached b")
 
 
+def test_a_request_whose_asker_died_lets_the_session_go_once(tmp_path: Path) -> None:
+    """A handover request left behind (its asker died while it waited) makes the holder let
+    the session go once and is answered: taken back afterwards, here by the same instance, the
+    session stays."""
+
+    async def scenario() -> None:
+        async with running_daemon(_shared(tmp_path, "a")) as a:
+            conn = await connect(url(a))
+            ready = json.loads(await conn.recv())
+            await conn.send(FOUR_BURSTS[: 2 * RATE].tobytes())
+            await recv_until(conn, "final", 1)
+            drop(conn)
+            handover.request(tmp_path / "journal", ready["session"])
+            for _ in range(50):
+                await asyncio.sleep(0.1)
+                if not a._live:
+                    break
+            assert not a._live and not handover.requested(tmp_path / "journal")
+            async with connect(resume_url(url(a), ready["resume_token"])) as back:
+                assert json.loads(await back.recv())["type"] == "resumed"
+                await asyncio.sleep(3 * handover.POLL_S)
+                assert ready["session"] in a._live
+                assert not a._live[ready["session"]].finished.is_set()
+
+    run(scenario())
+
+
 def test_a_session_is_never_held_by_two_instances(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -6,8 +6,9 @@ dropped may come back through any route. The instance asked cannot take the sess
 holds its lock, journal/writer.py); instead it asks the owner to let it go, with an empty file
 named after the session in `<[journal] dir>/handover/`. Every daemon that shares the folder
 looks there a few times a second for the sessions it holds; the owner ends the session as a
-drain does (its last finals journaled, the end record 1001, the lock dropped), and the asker,
-waiting on the lock, takes it back from the journal as it would after a restart. Nothing here is
+drain does (its last finals journaled, the end record 1001, the lock dropped) and removes the
+request, and the asker, waiting on the lock, takes it back from the journal as it would after a
+restart (and removes the request too, answered or not). Nothing here is
 trusted: the asker has checked the client's resume token against the journal first, and a
 request for a session nobody holds does nothing.
 

@@ -273,6 +273,9 @@ class Daemon:
                     live.end_for_shutdown(
                         "the session moved to another instance; reconnect to resume"
                     )
+                    # Answered: a request whose asker died waiting must not let the session go
+                    # again each time it is taken back here.
+                    await asyncio.to_thread(handover.withdraw, folder, live.id)
 
     def _new_connection(self) -> AnsweringConnection:
         assert self._server is not None
