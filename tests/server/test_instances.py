@@ -165,6 +165,34 @@ def test_a_request_whose_asker_died_lets_the_session_go_once(tmp_path: Path) -> 
     run(scenario())
 
 
+def test_a_folder_that_takes_no_request_refuses_the_resume_and_keeps_the_owner(
+    tmp_path: Path,
+) -> None:
+    """`handover` cannot be made in the shared folder (here a file is in its way): the
+    instance asked, which cannot ask, refuses the resume with `overloaded`, and the owner, which cannot
+    read requests either, keeps its session."""
+
+    async def scenario() -> None:
+        (tmp_path / "journal").mkdir()
+        (tmp_path / "journal" / handover.HANDOVER_DIR).write_text("in the way")
+        async with (
+            running_daemon(_shared(tmp_path, "a")) as a,
+            running_daemon(_shared(tmp_path, "b")) as b,
+        ):
+            conn = await connect(url(a))
+            ready = json.loads(await conn.recv())
+            await conn.send(FOUR_BURSTS[: 2 * RATE].tobytes())
+            await recv_until(conn, "final", 1)
+            drop(conn)
+            async with connect(resume_url(url(b), ready["resume_token"])) as wrong:
+                refused = json.loads(await wrong.recv())
+            assert refused["code"] == "overloaded"
+            await asyncio.sleep(3 * handover.POLL_S)
+            assert ready["session"] in a._live
+
+    run(scenario())
+
+
 def test_a_session_is_never_held_by_two_instances(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

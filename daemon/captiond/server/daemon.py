@@ -275,7 +275,10 @@ class Daemon:
                     )
                     # Answered: a request whose asker died waiting must not let the session go
                     # again each time it is taken back here.
-                    await asyncio.to_thread(handover.withdraw, folder, live.id)
+                    try:
+                        await asyncio.to_thread(handover.withdraw, folder, live.id)
+                    except OSError as exc:
+                        log.warning("cannot remove the handover request of %s: %s", live.id, exc)
 
     def _new_connection(self) -> AnsweringConnection:
         assert self._server is not None
@@ -671,7 +674,11 @@ class Daemon:
         ).check(resume.token)
         loop = asyncio.get_running_loop()
         deadline_s = loop.time() + handover.WAIT_S
-        await asyncio.to_thread(handover.request, folder, found.session)
+        try:
+            await asyncio.to_thread(handover.request, folder, found.session)
+        except OSError as exc:
+            log.warning("cannot ask for session %s in %s: %s", found.session, folder, exc)
+            return found, None
         try:
             while loop.time() < deadline_s:
                 await asyncio.sleep(handover.LOCK_POLL_S)
@@ -688,7 +695,8 @@ class Daemon:
                     raise
             return found, None
         finally:
-            await asyncio.to_thread(handover.withdraw, folder, found.session)
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(handover.withdraw, folder, found.session)
 
     async def _journaled(self, session_id: str) -> tuple[JournalSession, Ownership | None]:
         """The journal's record of a session this daemon does not hold and, unless another
