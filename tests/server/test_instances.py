@@ -169,8 +169,8 @@ def test_a_folder_that_takes_no_request_refuses_the_resume_and_keeps_the_owner(
     tmp_path: Path,
 ) -> None:
     """`handover` cannot be made in the shared folder (here a file is in its way): the
-    instance asked, which cannot ask, refuses the resume with `overloaded`, and the owner, which cannot
-    read requests either, keeps its session."""
+    instance asked, which cannot ask, refuses the resume with `overloaded`, and the owner,
+    which cannot read requests either, keeps its session."""
 
     async def scenario() -> None:
         (tmp_path / "journal").mkdir()
