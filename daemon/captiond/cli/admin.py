@@ -30,7 +30,6 @@ def add_service_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument(
         "--gpus",
         type=_gpu_count,
-        default=1,
         help="with --template: write /etc/captiond/0.toml … N-1.toml, one instance per GPU "
         "behind HAProxy (default 1)",
     )
@@ -84,11 +83,12 @@ def _install_service(args: argparse.Namespace) -> int:
     from captiond.ops.systemd import DEFAULT_EXEC, haproxy_servers, plan_install, write_install
 
     kind = "user" if args.user else "template" if args.template else "system"
-    if args.gpus != 1 and kind != "template":
+    if args.gpus is not None and kind != "template":
         raise ConfigError("--gpus goes with --template (one instance per GPU)")
+    gpus = args.gpus or 1
     exec_path = args.exec_path or shutil.which("captiond") or DEFAULT_EXEC
     resolved = Path(exec_path).resolve()
-    install = plan_install(kind, str(resolved), gpus=args.gpus)
+    install = plan_install(kind, str(resolved), gpus=gpus)
     hidden = [d for d in ("/home", "/root") if resolved.is_relative_to(d)]
     if kind != "user" and hidden:
         # ProtectHome=yes hides these from the service: it would fail to start.
@@ -101,7 +101,7 @@ def _install_service(args: argparse.Namespace) -> int:
     # The balancer in front of a template's instances: its SERVERS block for them.
     servers = (
         f"\n# haproxy.cfg's SERVERS block (deploy/haproxy/haproxy.cfg) for these instances:\n"
-        f"{haproxy_servers(args.gpus)}"
+        f"{haproxy_servers(gpus)}"
         if kind == "template"
         else ""
     )
@@ -116,9 +116,7 @@ def _install_service(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise ConfigError(f"cannot write {exc.filename}: {exc.strerror} (root needed?)") from exc
     scope = "--user " if kind == "user" else ""
-    units = (
-        " ".join(f"captiond@{n}" for n in range(args.gpus)) if kind == "template" else "captiond"
-    )
+    units = " ".join(f"captiond@{n}" for n in range(gpus)) if kind == "template" else "captiond"
     print(f"then: systemctl {scope}daemon-reload && systemctl {scope}enable --now {units}")
     print(servers, end="")
     return 0

@@ -668,10 +668,8 @@ class Daemon:
         token is checked against the journal first), and wait up to handover.WAIT_S for its
         lock; then the journal's record, read again under it. No lock: not let go in time."""
         assert self._journal is not None
-        folder, first = self._journal.dir, found.files[0]
-        ResumeKey(
-            session=found.session, secret_sha256=str(found.header.get("resume_sha256"))
-        ).check(resume.token)
+        folder = self._journal.dir
+        _journal_key(found).check(resume.token)
         loop = asyncio.get_running_loop()
         deadline_s = loop.time() + handover.WAIT_S
         try:
@@ -683,16 +681,11 @@ class Daemon:
             while loop.time() < deadline_s:
                 await asyncio.sleep(handover.LOCK_POLL_S)
                 try:
-                    owner = await asyncio.to_thread(Ownership.take, first)
-                except SessionOwnedError:
-                    continue
+                    again, owner = await asyncio.to_thread(_locked_read, folder, found)
                 except JournalError:
                     raise ResumeFailedError(f"unknown session {found.session}") from None
-                try:
-                    return await asyncio.to_thread(find_session, folder, found.session), owner
-                except BaseException:
-                    owner.release()
-                    raise
+                if owner is not None:
+                    return again, owner
             return found, None
         finally:
             with contextlib.suppress(OSError):
@@ -707,17 +700,7 @@ class Daemon:
         folder = self._journal.dir
 
         def read() -> tuple[JournalSession, Ownership | None]:
-            first = find_session(folder, session_id)
-            try:
-                owner = Ownership.take(first.files[0])
-            except SessionOwnedError:
-                return first, None
-            try:
-                # Read again under the lock: its last owner may have written since.
-                return find_session(folder, session_id), owner
-            except BaseException:
-                owner.release()
-                raise
+            return _locked_read(folder, find_session(folder, session_id))
 
         try:
             return await asyncio.to_thread(read)
@@ -737,13 +720,13 @@ class Daemon:
         numbers continue; its earlier text is the prompt; its audio is gone (after a death,
         the client sends again what came after the last final). Also the gap since then."""
         session_id = session_of_token(resume.token)
-        header, end = found.header, found.end
+        end = found.end
         stopped = end is not None and end.get("close_code") == CLOSE_GOING_AWAY
         died = end is None
         resume_bytes = found.resume_bytes()
         if found.session != session_id or not (stopped or died) or resume_bytes is None:
             raise ResumeFailedError(f"session {session_id} cannot be resumed")
-        key = ResumeKey(session=session_id, secret_sha256=str(header.get("resume_sha256")))
+        key = _journal_key(found)
         key.check(resume.token)
         since = str(end["at"]) if end is not None else found.last_written()
         gap_s = (datetime.now(UTC) - datetime.fromisoformat(since)).total_seconds()
@@ -778,6 +761,25 @@ class Daemon:
                 )
             )
         return live, round(gap_s * 1000)
+
+
+def _journal_key(found: JournalSession) -> ResumeKey:
+    """What the journal keeps of a session's resume token."""
+    return ResumeKey(session=found.session, secret_sha256=str(found.header.get("resume_sha256")))
+
+
+def _locked_read(folder: Path, found: JournalSession) -> tuple[JournalSession, Ownership | None]:
+    """`found`'s lock, then its record read again under it (its last owner may have written
+    since); with no lock (a live daemon holds it), `found` as it was. Blocking: on a thread."""
+    try:
+        owner = Ownership.take(found.files[0])
+    except SessionOwnedError:
+        return found, None
+    try:
+        return find_session(folder, found.session), owner
+    except BaseException:
+        owner.release()
+        raise
 
 
 @dataclasses.dataclass(slots=True)
