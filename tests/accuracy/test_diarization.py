@@ -17,7 +17,7 @@ from captiond.bench.diarize import cp_word_errors, der, final_turns, read_rttm
 from captiond.bench.wer import word_errors
 from captiond.engines.base import Engine
 from captiond.engines.models import speaker_weights_path
-from captiond.streaming.events import Final, Word
+from captiond.streaming.events import Final, Speech, Word
 
 FAST = make_config(server={"max_audio_speed": 1e6})
 
@@ -30,6 +30,7 @@ def _final(message: dict[str, Any]) -> Final:
         text=message["text"],
         speaker=message["speaker"],
         words=tuple(Word(**w) for w in message["words"]),
+        speech=tuple(Speech(**s) for s in message.get("speech", ())),
     )
 
 

@@ -33,7 +33,7 @@ from captiond.cli.serve import _binding
 from captiond.config import ServerConfig
 from captiond.errors import ConfigError
 from captiond_client.cli import main as client_main
-from captiond_client.display import render_transcript
+from captiond_client.display import render_transcript, write_transcript
 from captiond_client.stream import StreamError
 
 CAPTIOND = [sys.executable, "-m", "captiond.cli"]
@@ -172,7 +172,7 @@ def test_client_refuses_an_out_file_it_could_not_write_before_streaming(
     wav = silent_wav(tmp_path)
     nowhere = f"ws://127.0.0.1:{free_port()}/v1/stream"  # never reached
     for out, message in (
-        (tmp_path / "talk.docx", "the file must end in one of .txt, .vtt, .srt, .json"),
+        (tmp_path / "talk.docx", "the file must end in one of .txt, .vtt, .srt, .json, .rttm"),
         (tmp_path / "nope" / "talk.vtt", f"there is no folder {tmp_path / 'nope'}"),
     ):
         with pytest.raises(SystemExit) as exit_:
@@ -589,3 +589,30 @@ def test_a_diarized_transcript_names_its_speakers_in_every_format(tmp_path: Path
         0,
         1,
     ]
+
+
+def test_an_rttm_file_says_who_spoke_when(tmp_path: Path) -> None:
+    """Read back with pyannote.database's RTTM reader: each final's `speech`, or its span where
+    it has none (a journal written before finals had it); a stream not diarized has none."""
+    from pyannote.database.util import load_rttm
+
+    finals = [
+        {
+            "start_ms": 0,
+            "end_ms": 2_000,
+            "text": "Are you there?",
+            "speaker": 0,
+            "speech": [{"start_ms": 200, "end_ms": 900}, {"start_ms": 1_300, "end_ms": 1_950}],
+        },
+        {"start_ms": 2_000, "end_ms": 2_900, "text": "Yes.", "speaker": 1},
+    ]
+    rttm = tmp_path / "team meeting.rttm"
+    write_transcript(rttm, finals)
+    (annotation,) = load_rttm(str(rttm)).values()
+    assert annotation.uri == "team_meeting"
+    assert [
+        (round(s.start, 3), round(s.end, 3), who)
+        for s, _, who in annotation.itertracks(yield_label=True)
+    ] == [(0.2, 0.9, "Speaker_1"), (1.3, 1.95, "Speaker_1"), (2.0, 2.9, "Speaker_2")]
+    with pytest.raises(ValueError, match="diarize=true"):
+        render_transcript([{"start_ms": 0, "end_ms": 1, "text": "Hi."}], ".rttm")

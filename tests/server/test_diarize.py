@@ -6,6 +6,7 @@ tests/accuracy/test_diarization.py."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Any
 
@@ -151,15 +152,21 @@ def test_journal_keeps_the_speakers(tmp_path: Any) -> None:
     pcm = tone_bursts([1.5, 1.5], gap_s=1.2, tones_hz=[LOW, HIGH])
     config = make_config(journal={"dir": str(tmp_path)})
 
-    async def scenario() -> str:
+    async def scenario() -> tuple[str, list[dict[str, Any]]]:
         async with running_daemon(config) as daemon:
             ex = await stream_pcm(url(daemon, query="diarize=true"), pcm)
-        return str(ex.messages[0]["session"])
+        return str(ex.messages[0]["session"]), ex.of("final")
 
-    session = find_session(tmp_path, run(scenario()))
+    session_id, sent = run(scenario())
+    session = find_session(tmp_path, session_id)
     assert session is not None
     assert [f.speaker for f in session.finals if f.text] == [0, 1]
     assert all(w.speaker == f.speaker for f in session.finals for w in f.words)
+    # Where each speaker was heard, as sent.
+    assert all(f["speech"] for f in sent)
+    assert [[dataclasses.asdict(s) for s in f.speech] for f in session.finals] == [
+        f["speech"] for f in sent
+    ]
     assert session.header["diarize"] is True
 
 

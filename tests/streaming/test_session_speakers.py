@@ -133,6 +133,35 @@ def test_a_stream_not_diarized_embeds_nothing() -> None:
     driver.send(silence(1.0))
     assert not embedded_spans(driver)
     assert [f.speaker for f in driver.of(Final)] == [None]
+    (final,) = driver.of(Final)
+    assert final.speech == () and "speech" not in final.to_dict()
+
+
+def test_a_diarized_final_says_where_its_speaker_was_heard() -> None:
+    """`speech`: the voiced stretches of each part's span, pauses left out; the parts of a
+    final split at a change tile its span, so the speech is cut where they meet."""
+    driver = Driver(voices(change_s=4.0), params=DIARIZED)
+    driver.send(silence(0.5))
+    driver.send(tone(1.5))
+    driver.send(silence(0.45))  # a pause inside the utterance, longer than VOICED_GAP_MS
+    driver.send(tone(4.0))  # A, then B from the window whose middle is past 4 s, no pause
+    driver.send(silence(1.0))
+    first, second = driver.of(Final)
+    assert (first.speaker, second.speaker) == (0, 1)
+    assert first.end_ms == second.start_ms
+    for f in (first, second):
+        assert f.speech and all(f.start_ms <= s.start_ms < s.end_ms <= f.end_ms for s in f.speech)
+    (pause_start, pause_end), (change_a, change_b) = (
+        (first.speech[0].end_ms, first.speech[1].start_ms),
+        (first.speech[-1].end_ms, second.speech[0].start_ms),
+    )
+    # Heard from the first voiced frame (not the first word) to the last, to within a frame.
+    assert abs(first.speech[0].start_ms - 500) <= 30 and abs(second.speech[-1].end_ms - 6_450) <= 30
+    assert abs(pause_start - 2_000) <= 30 and abs(pause_end - 2_450) <= 30
+    assert change_a == change_b == first.end_ms  # one stretch, cut where the parts meet
+    assert first.to_dict()["speech"] == [
+        {"start_ms": s.start_ms, "end_ms": s.end_ms} for s in first.speech
+    ]
 
 
 @pytest.mark.parametrize("end_of_turn", ["silence", "model"])

@@ -3,13 +3,15 @@ final split at a speaker change, and the whole-recording reference clustering.""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from captiond.lang.text import join_units, units
-from captiond.streaming.events import Final, Word
+from captiond.streaming.events import Final, Speech, Word
 from captiond.streaming.speakers import (
     HOP_MS,
     LIVE_CHANGE_WINDOWS,
@@ -20,6 +22,7 @@ from captiond.streaming.speakers import (
     live_change,
     offline_labels,
     speaker_windows,
+    speech_in,
 )
 
 MS = 16  # samples per millisecond
@@ -166,6 +169,35 @@ def test_a_final_with_two_speakers_becomes_two_finals_joining_back_to_its_text()
     assert all(w.speaker == part.speaker for part in (first, second) for w in part.words)
     assert first.start_ms == final.start_ms and second.end_ms == final.end_ms
     assert first.end_ms <= second.start_ms
+
+
+def test_the_parts_meet_halfway_and_split_the_speech_there() -> None:
+    """The pause between two speakers' words goes half to each, so speech there that has no
+    word (an "uh") is still someone's; words whose times overlap keep their parts' spans."""
+    final = dataclasses.replace(
+        _final("Are you there? Yes, I am."),
+        speech=(Speech(start_ms=100, end_ms=1_200), Speech(start_ms=1_300, end_ms=2_900)),
+    )
+    first, second = by_speaker(final, [(0, 1_500 * MS), (1_500 * MS, 3_000 * MS)], [0, 1])
+    # "there?" ends at 1,300 ms and "Yes," starts at 1,500 ms.
+    assert first.end_ms == second.start_ms == 1_400
+    assert [(s.start_ms, s.end_ms) for s in first.speech] == [(100, 1_200), (1_300, 1_400)]
+    assert [(s.start_ms, s.end_ms) for s in second.speech] == [(1_400, 2_900)]
+    late = dataclasses.replace(
+        final,
+        words=tuple(
+            dataclasses.replace(w, end_ms=1_600) if w.word.endswith("?") else w for w in final.words
+        ),
+    )
+    first, second = by_speaker(late, [(0, 1_500 * MS), (1_500 * MS, 3_000 * MS)], [0, 1])
+    assert (first.end_ms, second.start_ms) == (1_600, 1_500)
+
+
+def test_speech_in_crops_the_stretches_to_the_span() -> None:
+    assert speech_in([(0, 400), (500, 900), (1_000, 1_100)], 300, 1_000) == (
+        Speech(start_ms=300, end_ms=400),
+        Speech(start_ms=500, end_ms=900),
+    )
 
 
 def test_one_speaker_keeps_the_final_whole_and_no_windows_say_nobody() -> None:

@@ -24,8 +24,9 @@ _RETRY_HELP = (
     "0 gives up at once (default 300)"
 )
 _OUT_HELP = (
-    "write the final transcript: .txt, .vtt, .srt or .json (by the suffix); also what was "
-    "received when Ctrl-C, SIGTERM or an error ends the stream"
+    "write the final transcript: .txt, .vtt, .srt, .json, or .rttm (who spoke when, a "
+    "diarized stream's) by the suffix; also what was received when Ctrl-C, SIGTERM or an "
+    "error ends the stream"
 )
 
 

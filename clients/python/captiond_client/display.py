@@ -1,4 +1,4 @@
-"""Showing captions on a terminal, and writing transcripts (.txt, .vtt, .srt, .json).
+"""Showing captions on a terminal, and writing transcripts (.txt, .vtt, .srt, .json, .rttm).
 
 Main-thread helpers of the CLI. On a terminal the current partial is redrawn in place: stable
 words plain, the unstable tail dim; each final is printed on its own line.
@@ -17,7 +17,7 @@ from typing import Any, TextIO
 from captiond.lang.text import join_texts, joins_without_space
 
 DIM, BOLD, RESET, CLEAR_LINE = "\x1b[2m", "\x1b[1m", "\x1b[0m", "\r\x1b[2K"
-TRANSCRIPT_SUFFIXES = (".txt", ".vtt", ".srt", ".json")
+TRANSCRIPT_SUFFIXES = (".txt", ".vtt", ".srt", ".json", ".rttm")
 
 
 class CaptionPrinter:
@@ -101,10 +101,13 @@ def speaker_name(final: dict[str, Any]) -> str | None:
     return None if speaker is None else f"Speaker {int(speaker) + 1}"
 
 
-def render_transcript(finals: list[dict[str, Any]], suffix: str) -> str:
-    """Plain text, WebVTT, SubRip or JSON, chosen by the output file's suffix (one of
+def render_transcript(finals: list[dict[str, Any]], suffix: str, file_id: str = "stream") -> str:
+    """Plain text, WebVTT, SubRip, JSON or RTTM, chosen by the output file's suffix (one of
     TRANSCRIPT_SUFFIXES). A diarized stream's cues name their speaker: a WebVTT voice span
-    (`<v Speaker 1>`), "Speaker 1: " before the text in SubRip and plain text."""
+    (`<v Speaker 1>`), "Speaker 1: " before the text in SubRip and plain text. RTTM (`file_id`
+    its recording's name) is who spoke when: a diarized stream's only."""
+    if suffix == ".rttm":
+        return _rttm(finals, file_id)
     if suffix == ".vtt":
         # Cue text is markup in WebVTT: "&", "<" and ">" are escaped (the page's export too).
         cues = []
@@ -132,10 +135,31 @@ def render_transcript(finals: list[dict[str, Any]], suffix: str) -> str:
     raise ValueError(f"no transcript format for {suffix!r}: {', '.join(TRANSCRIPT_SUFFIXES)}")
 
 
+def _rttm(finals: list[dict[str, Any]], name: str) -> str:
+    """NIST RTTM, one SPEAKER line per stretch a speaker was heard: each final's `speech`
+    (where the VAD heard its speaker, written words or not), or its span where a final has
+    none (one journaled before finals had it). Speakers are `Speaker_1`...: RTTM's fields are
+    separated by spaces."""
+    if not any(f.get("speaker") is not None for f in finals):
+        raise ValueError("an RTTM file says who spoke when: stream with diarize=true")
+    file_id = "_".join(name.split()) or "stream"
+    lines = []
+    for f in finals:
+        if f.get("speaker") is None:
+            continue
+        who = f"Speaker_{int(f['speaker']) + 1}"
+        for s in f.get("speech") or [f]:
+            start_s, duration_s = s["start_ms"] / 1000, (s["end_ms"] - s["start_ms"]) / 1000
+            lines.append(
+                f"SPEAKER {file_id} 1 {start_s:.3f} {duration_s:.3f} <NA> <NA> {who} <NA> <NA>\n"
+            )
+    return "".join(lines)
+
+
 def _said(final: dict[str, Any]) -> str:
     name = speaker_name(final)
     return final["text"] if name is None else f"{name}: {final['text']}"
 
 
 def write_transcript(path: Path, finals: list[dict[str, Any]]) -> None:
-    path.write_text(render_transcript(finals, path.suffix.lower()), encoding="utf-8")
+    path.write_text(render_transcript(finals, path.suffix.lower(), path.stem), encoding="utf-8")

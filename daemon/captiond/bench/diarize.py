@@ -6,8 +6,9 @@ a live diarized stream would caption it (the session with partials and early fin
 streaming.offline.transcribe_samples with `diarize`), and scored:
 
 - DER (pyannote.metrics: a collar of ±0.25 s, `collar=0.5`, overlapped speech scored), the
-  hypothesis being each final's words, a speaker's words closer than `BRIDGE_MS` joined into
-  one turn;
+  hypothesis being where each final says its speaker was heard (`speech`: what a client is
+  told, and what `captiond-client --out x.rttm` writes), and beside it (`der_words`) each
+  final's words alone, a speaker's words closer than `BRIDGE_MS` joined into one turn;
 - cpWER: each reference speaker's words against the hypothesis speaker's they are best
   matched to (Hungarian assignment), beside the plain WER of the same finals;
 - the speaker count found, against the reference's.
@@ -96,8 +97,25 @@ class _TimedEmbedder:
 
 
 def final_turns(finals: Sequence[Final]) -> list[Turn]:
-    """The speaker turns a diarized stream's finals say: each final's words, joined where one
-    speaker's are closer than BRIDGE_MS; a final without words, its whole span."""
+    """The speaker turns a diarized stream's finals say: where each final's speaker was heard
+    (its `speech`, the VAD's voiced stretches of its span); a final without any (a journal
+    written before finals had it), its words (`word_turns`)."""
+    turns: list[Turn] = []
+    for final in finals:
+        if final.speaker is None:
+            continue
+        if not final.speech:
+            turns += word_turns([final])
+            continue
+        who = str(final.speaker)
+        turns += [(s.start_ms / 1000, s.end_ms / 1000, who) for s in final.speech]
+    return turns
+
+
+def word_turns(finals: Sequence[Final]) -> list[Turn]:
+    """The turns the finals' words alone say (before finals had `speech`): each final's
+    words, joined where one speaker's are closer than BRIDGE_MS; a final without words, its
+    whole span."""
     turns: list[Turn] = []
     for final in finals:
         if final.speaker is None:
@@ -277,6 +295,7 @@ def _bench_diarize(args: argparse.Namespace) -> int:
             "speakers": int(e["speakers"]),
             "live": {
                 **der(reference, final_turns(finals)),
+                "der_words": der(reference, word_turns(finals))["der"],
                 "speakers_found": len({f.speaker for f in finals if f.speaker is not None}),
                 "cpwer": round(live_cp.wer, 4),
                 "wer": round(word_errors(e["text"], transcript.text).wer, 4),
@@ -337,7 +356,12 @@ def _pooled(clips: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             ),
             "cpwer_mean": round(float(np.mean([r["cpwer"] for r in rows])), 4),
             **(
-                {"wer_mean": round(float(np.mean([r["wer"] for r in rows])), 4)}
+                {
+                    "der_words": round(
+                        sum(r["der_words"] * r["scored_s"] for r in rows) / scored, 4
+                    ),
+                    "wer_mean": round(float(np.mean([r["wer"] for r in rows])), 4),
+                }
                 if system == "live"
                 else {}
             ),

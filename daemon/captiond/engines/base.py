@@ -164,7 +164,10 @@ def speaker_vectors(embedder: Embedder, requests: Sequence[EngineRequest]) -> li
     windows = [
         request.audio[start:end] for request in requests for start, end in request.speaker_windows
     ]
-    vectors = embedder.embed(windows) if windows else np.zeros((0, 0), dtype=np.float32)
+    if not windows:
+        # Most of a stream's decodes fill no window; numpy stays out of this module's imports.
+        return [() for _ in requests]
+    vectors = embedder.embed(windows)
     out: list[Embeddings] = []
     row = 0
     for request in requests:

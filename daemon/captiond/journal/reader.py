@@ -17,7 +17,7 @@ from captiond.lang.chinese import VARIANTS
 from captiond.lang.languages import parse_language
 from captiond.lang.text import join_texts
 from captiond.samples import ms_to_samples
-from captiond.streaming.events import StreamParams, TurnParams, Word
+from captiond.streaming.events import Speech, StreamParams, TurnParams, Word
 from captiond.streaming.utterance import StreamOrigin
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,7 @@ class JournaledFinal:
     language: str | None = None
     words: tuple[Word, ...] = ()  # none in a journal written before finals had them
     speaker: int | None = None  # diarized streams' (streaming/speakers.py)
+    speech: tuple[Speech, ...] = ()  # diarized streams'; none before finals had it
     # Where in the client's audio the final ends (bytes); none before finals had it.
     end_byte: int | None = None
 
@@ -150,6 +151,7 @@ def _session_of(stem: str, parts: list[Path]) -> JournalSession:
             language=r.get("language"),
             words=_words(r),
             speaker=_speaker(r.get("speaker")),
+            speech=_speech(r),
             end_byte=_end_byte(r.get("end_byte")),
         )
         for r in records
@@ -228,6 +230,18 @@ def _end_byte(value: Any) -> int | None:
 def _speaker(value: Any) -> int | None:
     """A speaker number as the writer writes it; anything else (a hand edit) is nobody's."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _speech(record: dict[str, Any]) -> tuple[Speech, ...]:
+    """A final record's speech stretches; ones not as the writer writes them (a hand edit)
+    are dropped, the rest of the final kept."""
+    try:
+        return tuple(
+            Speech(start_ms=int(s["start_ms"]), end_ms=int(s["end_ms"]))
+            for s in record.get("speech", ())
+        )
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return ()
 
 
 def _words(record: dict[str, Any]) -> tuple[Word, ...]:

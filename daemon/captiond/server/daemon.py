@@ -758,6 +758,7 @@ class Daemon:
                     language=final.language,
                     words=final.words,
                     speaker=final.speaker,
+                    speech=final.speech,
                 )
             )
         return live, round(gap_s * 1000)

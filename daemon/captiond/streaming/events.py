@@ -220,6 +220,16 @@ class Word:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Speech:
+    """A stretch of a diarized final that the VAD heard as speech, on the stream clock: its
+    speaker's, whether or not a word was written there (Whisper leaves out most hesitations
+    and back-channel "mhm"s, which are still someone speaking)."""
+
+    start_ms: int
+    end_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Final(ServerMessage):
     TYPE: ClassVar[str] = "final"
     segment: int
@@ -237,10 +247,17 @@ class Final(ServerMessage):
     # As Partial's: at the check that ended the utterance, or the latest before it ended
     # otherwise; on a diarized final split at a speaker change, only its last part's.
     end_of_turn: float | None = None
+    # Diarized: where in [start_ms, end_ms] its speaker was heard (streaming/speakers.py), in
+    # order; empty (and absent from the JSON) on a stream that is not diarized.
+    speech: tuple[Speech, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         data = ServerMessage.to_dict(self)
         data["words"] = list(data["words"])  # a JSON array, as the journal reads it back
+        if data["speech"]:
+            data["speech"] = list(data["speech"])
+        else:
+            del data["speech"]
         return _without_unasked_turn(data)
 
 

@@ -81,7 +81,13 @@ from captiond.streaming.events import (
 )
 from captiond.streaming.filters import ask_again_alone, is_hallucination
 from captiond.streaming.language import SessionLanguage
-from captiond.streaming.speakers import SpeakerTracker, by_speaker, live_change, speaker_windows
+from captiond.streaming.speakers import (
+    SpeakerTracker,
+    by_speaker,
+    live_change,
+    speaker_windows,
+    speech_in,
+)
 from captiond.streaming.stabilize import LocalAgreement, keep_stable
 from captiond.streaming.utterance import DecodeRequest, StreamOrigin, Utterance
 from captiond.streaming.vad import UtteranceEnd, UtteranceStart, Vad, VadEvent, VadSegmenter
@@ -768,6 +774,13 @@ class StreamSession:
                 end_of_turn=utt.turn_probability,
             )
             if self._speakers is not None:
+                heard = self._segmenter.voiced(utt.start_sample, utt.end_sample)
+                final = dataclasses.replace(
+                    final,
+                    speech=speech_in(
+                        ((samples_to_ms(a), samples_to_ms(b)) for a, b in heard), start_ms, end_ms
+                    ),
+                )
                 spans = [span for span in request.speaker_spans if span in utt.embedded]
                 labels = self._speakers.label([utt.embedded[span] for span in spans])
                 parts = by_speaker(final, spans, labels)

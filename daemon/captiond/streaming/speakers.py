@@ -32,7 +32,8 @@ Pure numpy (Sans-I/O), on the thread that feeds the session (the event loop's).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,7 +42,7 @@ from scipy.cluster.hierarchy import fcluster, linkage
 
 from captiond.lang.text import join_units
 from captiond.samples import ms_to_samples, samples_to_ms
-from captiond.streaming.events import Final, Word
+from captiond.streaming.events import Final, Speech, Word
 
 WINDOW_MS = 1_500
 HOP_MS = 750
@@ -117,13 +118,27 @@ def live_change(
     return None
 
 
+def speech_in(
+    stretches_ms: Iterable[tuple[int, int]], start_ms: int, end_ms: int
+) -> tuple[Speech, ...]:
+    """The stretches (start, end ms) inside [start_ms, end_ms], cropped to it, as `speech`."""
+    out: list[Speech] = []
+    for a, b in stretches_ms:
+        start, end = max(a, start_ms), min(b, end_ms)
+        if end > start:
+            out.append(Speech(start_ms=start, end_ms=end))
+    return tuple(out)
+
+
 def by_speaker(
     final: Final, spans: Sequence[tuple[int, int]], labels: Sequence[int]
 ) -> list[Final]:
     """`final` with its speakers: each word gets the speaker of the window whose middle is
     nearest the word's, and each run of one speaker's words is a final of its own (all but the
     first keep `final.segment`, for the session to number). Without words, the final is the
-    speaker of most of its windows; without windows, nobody's."""
+    speaker of most of its windows; without windows, nobody's. The parts tile the final's
+    span, meeting halfway between one's last word and the next's first, and each keeps the
+    `speech` inside its own span."""
     if not labels:
         return [final]
     middles_ms = np.array([samples_to_ms((a + b) // 2) for a, b in spans])
@@ -142,20 +157,31 @@ def by_speaker(
             runs[-1].append(word)
         else:
             runs.append([word])
-    parts: list[Final] = []
-    for i, run in enumerate(runs):
-        last = i == len(runs) - 1
-        parts.append(
-            dataclasses.replace(
-                final,
-                start_ms=final.start_ms if i == 0 else run[0].start_ms,
-                end_ms=final.end_ms if last else max(run[-1].end_ms, run[0].start_ms),
-                text=join_units([w.word for w in run]).strip(),
-                words=tuple(run),
-                speaker=run[0].speaker,
-            )
+    # Where one run's speaker hands over to the next's: the middle of the pause between them,
+    # so that the speech there with no word written (a breath, an "uh") is split, not dropped.
+    # Words whose times overlap across the change keep their parts' spans overlapping.
+    meets_ms = [(a[-1].end_ms + b[0].start_ms) // 2 for a, b in itertools.pairwise(runs)]
+    starts_ms = [
+        final.start_ms,
+        *(min(m, b[0].start_ms) for m, b in zip(meets_ms, runs[1:], strict=True)),
+    ]
+    ends_ms = [
+        *(max(m, a[-1].end_ms) for m, a in zip(meets_ms, runs[:-1], strict=True)),
+        final.end_ms,
+    ]
+    heard = [(s.start_ms, s.end_ms) for s in final.speech]
+    return [
+        dataclasses.replace(
+            final,
+            start_ms=start_ms,
+            end_ms=end_ms,
+            text=join_units([w.word for w in run]).strip(),
+            words=tuple(run),
+            speaker=run[0].speaker,
+            speech=speech_in(heard, start_ms, end_ms),
         )
-    return parts
+        for run, start_ms, end_ms in zip(runs, starts_ms, ends_ms, strict=True)
+    ]
 
 
 def _unit(vector: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
