@@ -10,7 +10,8 @@ streaming.offline.transcribe_samples with `diarize`), and scored:
   told, and what `captiond-client --out x.rttm` writes), and beside it (`der_words`) each
   final's words alone, a speaker's words closer than `BRIDGE_MS` joined into one turn;
 - cpWER: each reference speaker's words against the hypothesis speaker's they are best
-  matched to (Hungarian assignment), beside the plain WER of the same finals;
+  matched to (Hungarian assignment), beside the plain WER of the same finals, and the words
+  given a speaker the reference has silent there (`misattributed_words`);
 - the speaker count found, against the reference's.
 
 The offline reference, in the same run: the same CAM++ embeddings over windows of the whole
@@ -171,6 +172,31 @@ def der(reference: Sequence[Turn], hypothesis: Sequence[Turn]) -> dict[str, floa
     }
 
 
+def misattributed_words(reference: Sequence[Turn], finals: Sequence[Final]) -> tuple[int, int]:
+    """Of the diarized finals' words that fall in reference speech (at their middle), how many
+    carry a speaker not talking there, the hypothesis speakers mapped to the reference's as
+    DER maps them (pyannote.metrics' optimal mapping): the words cpWER counts twice."""
+    from pyannote.core import Annotation, Segment
+    from pyannote.metrics.diarization import DiarizationErrorRate
+
+    ref, hyp = Annotation(), Annotation()
+    for i, (start, end, who) in enumerate(reference):
+        ref[Segment(start, end), i] = who
+    for i, (start, end, who) in enumerate(final_turns(finals)):
+        if end > start:
+            hyp[Segment(start, end), i] = who
+    mapping = DiarizationErrorRate().optimal_mapping(ref, hyp)
+    wrong = scored = 0
+    for final in finals:
+        for word in final.words if final.speaker is not None else ():
+            middle_s = (word.start_ms + word.end_ms) / 2000
+            talking = {who for start, end, who in reference if start <= middle_s <= end}
+            if talking:
+                scored += 1
+                wrong += mapping.get(str(final.speaker)) not in talking
+    return wrong, scored
+
+
 def cp_word_errors(reference: dict[str, str], hypothesis: dict[str, str]) -> WerCounts:
     """Concatenated minimum-permutation word errors: each reference speaker's text against
     the hypothesis speaker it is best matched to; a speaker with no match on the other side is
@@ -296,6 +322,8 @@ def _bench_diarize(args: argparse.Namespace) -> int:
             "live": {
                 **der(reference, final_turns(finals)),
                 "der_words": der(reference, word_turns(finals))["der"],
+                # (wrong, scored): words given a speaker the reference has silent there.
+                "misattributed_words": misattributed_words(reference, finals),
                 "speakers_found": len({f.speaker for f in finals if f.speaker is not None}),
                 "cpwer": round(live_cp.wer, 4),
                 "wer": round(word_errors(e["text"], transcript.text).wer, 4),
@@ -361,6 +389,9 @@ def _pooled(clips: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                         sum(r["der_words"] * r["scored_s"] for r in rows) / scored, 4
                     ),
                     "wer_mean": round(float(np.mean([r["wer"] for r in rows])), 4),
+                    "misattributed_words": [
+                        sum(r["misattributed_words"][i] for r in rows) for i in (0, 1)
+                    ],
                 }
                 if system == "live"
                 else {}
