@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import json
 import os
 import random
@@ -316,9 +317,12 @@ def test_a_hung_worker_is_the_pools_to_replace_not_the_watchdogs() -> None:
     assert run(scenario())
 
 
-def test_a_worker_that_cannot_start_fails_the_start_at_once(tmp_path: Path) -> None:
+def test_a_worker_that_cannot_start_fails_the_start_at_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """What stops a worker as it starts (here a journal dir under a file) would stop every
-    restart: the start fails with the worker's reason in its log, not after 60 s of them."""
+    restart: the start fails with the worker's reason in its log, not after 60 s of them, and
+    leaves no future whose error asyncio reports as lost."""
     (tmp_path / "file").write_text("")
     config = make_config(journal={"dir": str(tmp_path / "file" / "journal")})
 
@@ -329,6 +333,8 @@ def test_a_worker_that_cannot_start_fails_the_start_at_once(tmp_path: Path) -> N
         return str(failed.value)
 
     assert "exited with 2 as it started" in run(scenario())
+    gc.collect()
+    assert "never retrieved" not in caplog.text
 
 
 def test_workers_listen_on_an_ipv6_address() -> None:

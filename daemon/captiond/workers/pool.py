@@ -147,6 +147,11 @@ class WorkerPool:
         )
         if not all_ready.done():
             all_ready.cancel()
+            # The gather ends holding its waits' CancelledError as its exception: taken here,
+            # or asyncio logs it as never retrieved when the future is collected.
+            await asyncio.wait((all_ready,))
+            if not all_ready.cancelled():
+                all_ready.exception()
             await self.shutdown()
             raise CaptiondError(
                 start_failed.result()
