@@ -140,6 +140,19 @@ def _unit(vector: np.ndarray) -> np.ndarray:
     return vector / np.linalg.norm(vector)
 
 
+def test_a_known_voice_inside_another_speakers_part_is_its_own() -> None:
+    """Two windows of A inside a run of B's: too few to move the part's mean away from B
+    (`_split` does not cut), but each nearer A's centroid by more than KNOWN_VOICE_MARGIN, so
+    they are A's; a single such window stays with its neighbours."""
+    a, b = np.eye(8, dtype=np.float32)[:2]
+    leaning_a = np.array([0.8, 0.6, 0, 0, 0, 0, 0, 0], dtype=np.float32)
+    tracker = SpeakerTracker()
+    assert tracker.label([a] * 3) == [0, 0, 0]
+    assert tracker.label([b] * 3) == [1, 1, 1]
+    assert tracker.label([b] * 4 + [leaning_a] * 2 + [b] * 2) == [1, 1, 1, 1, 0, 0, 1, 1]
+    assert tracker.label([b] * 4 + [leaning_a] + [b] * 3) == [1] * 8
+
+
 def test_max_speakers_bounds_the_speakers() -> None:
     tracker = SpeakerTracker(max_speakers=2)
     for seed in range(1, 5):
