@@ -11,6 +11,9 @@ gives the labels that rule would have sent, without running the models again. Sc
 
 - *shipped*: `SpeakerTracker` and `by_speaker` as they are (the replay's check: it must equal
   the live run);
+- *without known voices*: no run of windows inside a part is given to the other known speaker
+  it is nearer (the tracker before `9000b26`); *known voices N/M*: such runs of N windows
+  nearer by M (`known_voice_windows`, `known_voice_margin`), to show how flat they are;
 - *word gaps*: at each change of label between two windows, the words are split at the
   widest pause between them within the two windows' middles, not at the midpoint;
 - *pending voices*: a short part unlike every known speaker (below the join, above
@@ -19,8 +22,10 @@ gives the labels that rule would have sent, without running the models again. Sc
 - *half the windows*: windows that do not overlap (a hop of WINDOW_MS, half the embedding cost);
 - *segment spans*: the shipped labels, but each final's span scored instead of its words.
 
-It also says where the shipped run's missed speech lies: in no final, or inside a final before
-its first word, after its last, or between its words.
+The DER is of what the finals say (their `speech`, as `bench diarize` scores it), and
+`der_words` of their words alone. It also says where the shipped run's missed speech lies, by
+its words: in no final, or inside a final before its first word, after its last, or between
+its words; and how many written words each rule gives a speaker the reference has silent there.
 """
 
 from __future__ import annotations
@@ -44,7 +49,9 @@ from captiond.bench.diarize import (
     cp_word_errors,
     der,
     final_turns,
+    misattributed_words,
     read_rttm,
+    word_turns,
 )
 from captiond.bench.report import machine_facts
 from captiond.bench.wer import word_errors
@@ -196,8 +203,22 @@ def half_the_windows() -> Callable[[Call], list[Final]]:
     return thin
 
 
+def known_voices(windows: int, margin: float) -> Rule:
+    def rule() -> Callable[[Call], list[Final]]:
+        tracker = speakers.SpeakerTracker(known_voice_windows=windows, known_voice_margin=margin)
+        return lambda call: speakers.by_speaker(call[2], call[1], tracker.label(call[0]))
+
+    return rule
+
+
 RULES: dict[str, Rule] = {
     "shipped": shipped,
+    "without known voices": known_voices(10**6, 0.0),
+    **{
+        f"known voices {windows}/{margin:g}": known_voices(windows, margin)
+        for windows in (1, 2, 3, 4)
+        for margin in (0.0, 0.1, 0.2, 0.3)
+    },
     "word gaps": word_gaps,
     "pending voices": pending_voices,
     "half the windows": half_the_windows,
@@ -218,6 +239,8 @@ def score(clip: dict[str, Any], finals: list[Final], *, spans: bool = False) -> 
     wer = word_errors(clip["entry"]["text"], clip["text"]).wer
     return {
         **der(clip["reference"], turns),
+        "der_words": der(clip["reference"], word_turns(finals))["der"],
+        "misattributed_words": misattributed_words(clip["reference"], finals),
         "speakers_found": len({f.speaker for f in finals if f.speaker is not None}),
         "cpwer_minus_wer": round(cp_word_errors(clip["entry"]["speaker_text"], said).wer - wer, 4),
     }
@@ -226,7 +249,7 @@ def score(clip: dict[str, Any], finals: list[Final], *, spans: bool = False) -> 
 def where_missed(clip: dict[str, Any], finals: list[Final]) -> dict[str, float]:
     """Seconds of reference speech no hypothesis turn covers (before the collar), by where
     they lie against the finals."""
-    hypothesis = Timeline([Segment(a, b) for a, b, _ in final_turns(finals) if b > a]).support()
+    hypothesis = Timeline([Segment(a, b) for a, b, _ in word_turns(finals) if b > a]).support()
     missed = (
         Timeline([Segment(a, b) for a, b, _ in clip["reference"]]).support().extrude(hypothesis)
     )
@@ -295,6 +318,9 @@ def main() -> None:
             "mean_cpwer_minus_wer": round(
                 float(np.mean([c["cpwer_minus_wer"] for c in per_clip.values()])), 4
             ),
+            "misattributed_words": [
+                sum(c["misattributed_words"][i] for c in per_clip.values()) for i in (0, 1)
+            ],
             "speaker_count_right": sum(
                 c["speakers_found"] == int(clip["entry"]["speakers"])
                 for c, (clip, _) in zip(per_clip.values(), replayed, strict=True)

@@ -13,7 +13,9 @@ window's speaker once, when the final is sent, and never revises it:
    is most like, if at least `join_similarity`; else it is a new speaker, while fewer than
    `max_speakers` are known and the part is long enough to tell (a short "yes" is too little
    to found a speaker on: it goes to the nearest known one unless it is unlike every one of
-   them, below `SHORT_NEW_SIMILARITY`).
+   them, below `SHORT_NEW_SIMILARITY`). A run of windows inside a part that is nearer another
+   known speaker (`known_voice_windows`, `known_voice_margin`) goes to that speaker: a few
+   windows of one voice in a long part of another hardly move the part's mean.
 
 With `[stream] cut_at_speaker_change`, `live_change` finds the first split while the utterance
 still goes on, once LIVE_CHANGE_WINDOWS of the new voice are in, and the session cuts it there
@@ -214,6 +216,8 @@ class SpeakerTracker:
     max_speakers: int = 8
     join_similarity: float = JOIN_SIMILARITY
     change_similarity: float = CHANGE_SIMILARITY
+    known_voice_windows: int = KNOWN_VOICE_WINDOWS
+    known_voice_margin: float = KNOWN_VOICE_MARGIN
     _speakers: list[_Speaker] = field(default_factory=list)
 
     @property
@@ -232,18 +236,19 @@ class SpeakerTracker:
         return labels
 
     def _known_voices(self, part: Embeddings) -> list[Embeddings]:
-        """`part` in pieces where a run of at least KNOWN_VOICE_WINDOWS windows is nearer
-        another known speaker than the speaker the part goes to (by KNOWN_VOICE_MARGIN); the
+        """`part` in pieces where a run of at least `known_voice_windows` windows is nearer
+        another known speaker than the speaker the part goes to (by `known_voice_margin`); the
         rest stays one piece between them. With fewer than two speakers known, whole."""
+        shortest = self.known_voice_windows
         whole = self._nearest(part)
-        if whole is None or len(self._speakers) < 2 or len(part) <= KNOWN_VOICE_WINDOWS:
+        if whole is None or len(self._speakers) < 2 or len(part) <= shortest:
             return [part]
         centroids = np.array([s.centroid for s in self._speakers])
         norms = np.linalg.norm(part, axis=1, keepdims=True)
         similarity = (part / np.where(norms > 0, norms, 1)) @ centroids.T
         nearest = similarity.argmax(axis=1)
         elsewhere = (nearest != whole) & (
-            similarity.max(axis=1) - similarity[:, whole] >= KNOWN_VOICE_MARGIN
+            similarity.max(axis=1) - similarity[:, whole] >= self.known_voice_margin
         )
         voice = np.where(elsewhere, nearest, -1)  # -1: the part's own
         pieces: list[tuple[int, int, bool]] = []  # start, end, another known voice
@@ -251,7 +256,7 @@ class SpeakerTracker:
         for end in range(1, len(part) + 1):
             if end < len(part) and voice[end] == voice[start]:
                 continue
-            other = voice[start] >= 0 and end - start >= KNOWN_VOICE_WINDOWS
+            other = voice[start] >= 0 and end - start >= shortest
             if not other and pieces and not pieces[-1][2]:
                 pieces[-1] = (pieces[-1][0], end, False)
             else:
