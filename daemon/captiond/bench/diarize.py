@@ -30,7 +30,7 @@ import itertools
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -55,6 +55,9 @@ from captiond.streaming.offline import transcribe_samples
 from captiond.streaming.speakers import HOP_MS, offline_labels, speaker_windows
 from captiond.streaming.vad import VadSegmenter, webrtc_vad
 from captiond.whisper import SAMPLE_RATE_HZ
+
+if TYPE_CHECKING:
+    from pyannote.core import Annotation
 
 # One speaker's words closer than this are one turn of the hypothesis (the references bridge
 # pauses under 0.3 s; a final's words are tighter than the VAD's speech).
@@ -148,18 +151,11 @@ def read_rttm(path: Path) -> list[Turn]:
 def der(reference: Sequence[Turn], hypothesis: Sequence[Turn]) -> dict[str, float]:
     """DER and its parts (pyannote.metrics, collar ±0.25 s, overlap scored), over the
     reference's speech seconds."""
-    from pyannote.core import Annotation, Segment
+    from pyannote.core import Segment
     from pyannote.metrics.diarization import DiarizationErrorRate
 
-    def annotation(turns: Sequence[Turn]) -> Annotation:
-        out = Annotation()
-        for i, (start, end, who) in enumerate(turns):
-            if end > start:
-                out[Segment(start, end), i] = who
-        return out
-
     # One speaker's overlapping turns (the offline reference's windows overlap) are one.
-    ref, hyp = annotation(reference).support(), annotation(hypothesis).support()
+    ref, hyp = _annotation(reference).support(), _annotation(hypothesis).support()
     metric = DiarizationErrorRate(collar=0.5, skip_overlap=False)
     parts = metric(ref, hyp, detailed=True, uem=Segment(0.0, max(e for _, e, _ in reference)))
     total = parts["total"]
@@ -172,20 +168,25 @@ def der(reference: Sequence[Turn], hypothesis: Sequence[Turn]) -> dict[str, floa
     }
 
 
+def _annotation(turns: Sequence[Turn]) -> Annotation:
+    from pyannote.core import Annotation, Segment
+
+    out = Annotation()
+    for i, (start, end, who) in enumerate(turns):
+        if end > start:
+            out[Segment(start, end), i] = who
+    return out
+
+
 def misattributed_words(reference: Sequence[Turn], finals: Sequence[Final]) -> tuple[int, int]:
     """Of the diarized finals' words that fall in reference speech (at their middle), how many
     carry a speaker not talking there, the hypothesis speakers mapped to the reference's as
     DER maps them (pyannote.metrics' optimal mapping): the words cpWER counts twice."""
-    from pyannote.core import Annotation, Segment
     from pyannote.metrics.diarization import DiarizationErrorRate
 
-    ref, hyp = Annotation(), Annotation()
-    for i, (start, end, who) in enumerate(reference):
-        ref[Segment(start, end), i] = who
-    for i, (start, end, who) in enumerate(final_turns(finals)):
-        if end > start:
-            hyp[Segment(start, end), i] = who
-    mapping = DiarizationErrorRate().optimal_mapping(ref, hyp)
+    mapping = DiarizationErrorRate().optimal_mapping(
+        _annotation(reference), _annotation(final_turns(finals))
+    )
     wrong = scored = 0
     for final in finals:
         for word in final.words if final.speaker is not None else ():
