@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import html
+import io
 import json
 import os
 import re
@@ -33,7 +34,7 @@ from captiond.cli.serve import _binding
 from captiond.config import ServerConfig
 from captiond.errors import ConfigError
 from captiond_client.cli import main as client_main
-from captiond_client.display import render_transcript, write_transcript
+from captiond_client.display import CaptionPrinter, render_transcript, write_transcript
 from captiond_client.stream import StreamError
 
 CAPTIOND = [sys.executable, "-m", "captiond.cli"]
@@ -591,6 +592,9 @@ def test_a_diarized_transcript_names_its_speakers_in_every_format(tmp_path: Path
     ]
 
 
+_MHM = {"start_ms": 3_100, "end_ms": 3_500}
+
+
 def test_an_rttm_file_says_who_spoke_when(tmp_path: Path) -> None:
     """Read back with pyannote.database's RTTM reader: each final's `speech`, or its span where
     it has none (a journal written before finals had it); a stream not diarized has none."""
@@ -605,14 +609,26 @@ def test_an_rttm_file_says_who_spoke_when(tmp_path: Path) -> None:
             "speech": [{"start_ms": 200, "end_ms": 900}, {"start_ms": 1_300, "end_ms": 1_950}],
         },
         {"start_ms": 2_000, "end_ms": 2_900, "text": "Yes.", "speaker": 1},
+        # No words, but heard: an "mhm" the transcript leaves out.
+        {"start_ms": 3_000, "end_ms": 3_600, "text": "", "speaker": 0, "speech": [_MHM]},
     ]
+    printer = CaptionPrinter(io.StringIO())
+    for final in finals:
+        printer({"type": "final", **final})
+    assert printer.finals == [{"type": "final", **f} for f in finals]
+    assert render_transcript(printer.finals, ".txt").count("\n") == 2
     rttm = tmp_path / "team meeting.rttm"
-    write_transcript(rttm, finals)
+    write_transcript(rttm, printer.finals)
     (annotation,) = load_rttm(str(rttm)).values()
     assert annotation.uri == "team_meeting"
     assert [
         (round(s.start, 3), round(s.end, 3), who)
         for s, _, who in annotation.itertracks(yield_label=True)
-    ] == [(0.2, 0.9, "Speaker_1"), (1.3, 1.95, "Speaker_1"), (2.0, 2.9, "Speaker_2")]
+    ] == [
+        (0.2, 0.9, "Speaker_1"),
+        (1.3, 1.95, "Speaker_1"),
+        (2.0, 2.9, "Speaker_2"),
+        (3.1, 3.5, "Speaker_1"),
+    ]
     with pytest.raises(ValueError, match="diarize=true"):
         render_transcript([{"start_ms": 0, "end_ms": 1, "text": "Hi."}], ".rttm")

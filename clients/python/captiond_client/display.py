@@ -32,7 +32,9 @@ class CaptionPrinter:
 
     def __call__(self, message: dict[str, Any]) -> None:
         kind = message.get("type")
-        if kind == "final" and message.get("text"):
+        # A diarized final with no words may still say someone spoke (an "mhm"): the RTTM
+        # file keeps it, the other formats skip it.
+        if kind == "final" and (message.get("text") or message.get("speech")):
             self.finals.append(message)
         if self._json:
             print(json.dumps(message, ensure_ascii=False), file=self._out, flush=True)
@@ -47,7 +49,7 @@ class CaptionPrinter:
             self._clear()
             if message.get("text"):
                 stamp = format_clock(message["start_ms"])
-                print(f"[{stamp}] {message['text']}", file=self._out, flush=True)
+                print(f"[{stamp}] {_said(message)}", file=self._out, flush=True)
         elif kind == "error":
             self._clear()  # its StreamError follows, and the command prints that once
 
@@ -108,6 +110,7 @@ def render_transcript(finals: list[dict[str, Any]], suffix: str, file_id: str = 
     its recording's name) is who spoke when: a diarized stream's only."""
     if suffix == ".rttm":
         return _rttm(finals, file_id)
+    finals = [f for f in finals if f["text"]]
     if suffix == ".vtt":
         # Cue text is markup in WebVTT: "&", "<" and ">" are escaped (the page's export too).
         cues = []
