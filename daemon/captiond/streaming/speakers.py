@@ -67,8 +67,8 @@ SURE_NEW_WINDOWS = 3
 SHORT_NEW_SIMILARITY = 0.25
 # A run of this many windows inside one part, each nearer another known speaker's centroid
 # than the part's own by KNOWN_VOICE_MARGIN, is that speaker's: `_split` compares the means of
-# two sides, and a few windows of one known voice inside a long part of another (an answer
-# that starts before the question ends) hardly move the mean. On the public clips the labels
+# two sides, and a few windows of one known voice inside a long part of another (one
+# speaker's turn run on into the next's) hardly move the mean. On the public clips the labels
 # are the same for runs of 1 to 3 windows and margins of 0 to 0.2, and only one dialogue
 # changes (docs/measurements/diarization.md).
 KNOWN_VOICE_WINDOWS = 2
