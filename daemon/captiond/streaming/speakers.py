@@ -240,8 +240,10 @@ class SpeakerTracker:
         another known speaker than the speaker the part goes to (by `known_voice_margin`); the
         rest stays one piece between them. With fewer than two speakers known, whole."""
         shortest = self.known_voice_windows
+        if len(self._speakers) < 2 or len(part) <= shortest:
+            return [part]
         whole = self._nearest(part)
-        if whole is None or len(self._speakers) < 2 or len(part) <= shortest:
+        if whole is None:
             return [part]
         centroids = np.array([s.centroid for s in self._speakers])
         norms = np.linalg.norm(part, axis=1, keepdims=True)
