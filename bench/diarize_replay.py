@@ -14,6 +14,10 @@ gives the labels that rule would have sent, without running the models again. Sc
 - *without known voices*: no run of windows inside a part is given to the other known speaker
   it is nearer (the tracker before `9000b26`); *known voices N/M*: such runs of N windows
   nearer by M (`known_voice_windows`, `known_voice_margin`), to show how flat they are;
+- *sentence ends N ms*: a change of speaker between two words moves to the nearest sentence
+  end within N ms (`by_speaker`'s `snap_ms`; shipped: SENTENCE_SNAP_MS), *off* where the
+  windows put it (the rule before); *and the edges*: the utterance's start and end count as
+  sentence ends too;
 - *word gaps*: at each change of label between two windows, the words are split at the
   widest pause between them within the two windows' middles, not at the midpoint;
 - *pending voices*: a short part unlike every known speaker (below the join, above
@@ -31,6 +35,7 @@ its words; and how many written words each rule gives a speaker the reference ha
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pickle
 from collections.abc import Callable, Sequence
@@ -146,9 +151,39 @@ def word_gaps() -> Callable[[Call], list[Final]]:
                 who[k] = labels[j] if k < at else labels[j + 1]
         # by_speaker with one window per word, at the word's middle, gives each word its label.
         word_spans = [(int(m * 16), int(m * 16)) for m in word_ms]
-        return speakers.by_speaker(final, word_spans, who)
+        return speakers.by_speaker(final, word_spans, who, snap_ms=0)
 
     return split
+
+
+def sentence_ends(snap_ms: int, *, edges: bool = False) -> Rule:
+    """The shipped tracker, with a change between two words moved to the nearest sentence end
+    within `snap_ms` (0: where the windows put it, the labels before `by_speaker` snapped)."""
+
+    def rule() -> Callable[[Call], list[Final]]:
+        tracker = speakers.SpeakerTracker()
+
+        def split(call: Call) -> list[Final]:
+            vectors, spans, final = call
+            labels = tracker.label(vectors)
+            if not labels or not final.words:
+                return speakers.by_speaker(final, spans, labels)
+            middles_ms = np.array([samples_to_ms((a + b) // 2) for a, b in spans])
+            words = [
+                dataclasses.replace(
+                    w,
+                    speaker=labels[int(np.abs(middles_ms - (w.start_ms + w.end_ms) / 2).argmin())],
+                )
+                for w in final.words
+            ]
+            words = speakers._at_sentence_ends(words, snap_ms, edges=edges)
+            # One window per word, at the word's middle, gives each word its label.
+            word_spans = [((w.start_ms + w.end_ms) * 8, (w.start_ms + w.end_ms) * 8) for w in words]
+            return speakers.by_speaker(final, word_spans, [w.speaker for w in words], snap_ms=0)
+
+        return split
+
+    return rule
 
 
 class _PendingVoices(speakers.SpeakerTracker):
@@ -219,6 +254,9 @@ RULES: dict[str, Rule] = {
         for windows in (1, 2, 3, 4)
         for margin in (0.0, 0.1, 0.2, 0.3)
     },
+    "sentence ends off": sentence_ends(0),
+    **{f"sentence ends {ms} ms": sentence_ends(ms) for ms in (375, 750, 1125, 1500)},
+    **{f"sentence ends {ms} ms and the edges": sentence_ends(ms, edges=True) for ms in (750, 1125)},
     "word gaps": word_gaps,
     "pending voices": pending_voices,
     "half the windows": half_the_windows,
@@ -331,8 +369,8 @@ def main() -> None:
     # The replay must give what the live run sent.
     live = [f for clip in clips.values() for f in clip["finals"] if f.speaker is not None]
     replayed_shipped = [f for _, finals in runs["shipped"] for f in finals]
-    result["replay_equals_live"] = [f.speaker for f in live] == [
-        f.speaker for f in replayed_shipped
+    result["replay_equals_live"] = [(f.speaker, f.text) for f in live] == [
+        (f.speaker, f.text) for f in replayed_shipped
     ]
     result["missed_s"] = {
         clip["entry"]["id"]: where_missed(clip, finals) for clip, finals in runs["shipped"]

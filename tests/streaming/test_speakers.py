@@ -206,6 +206,31 @@ def test_the_parts_meet_halfway_and_split_the_speech_there() -> None:
     assert (first.end_ms, second.start_ms) == (1_600, 1_500)
 
 
+# Two windows whose middles (1,000 and 3,200 ms) put a change at 2,100 ms: between the 7th
+# and 8th of words 300 ms apart.
+_AT_2100_MS = [(0, 2_000 * MS), (2_400 * MS, 4_000 * MS)]
+
+
+def test_a_change_moves_to_the_nearest_sentence_end() -> None:
+    """The windows place a change only to within a hop; "month?" ends 600 ms before it."""
+    final = _final("What is the best month? What do you think of it?", step_ms=300)
+    first, second = by_speaker(final, _AT_2100_MS, [0, 1])
+    assert (first.text, second.text) == ("What is the best month?", "What do you think of it?")
+    assert (first.speaker, second.speaker) == (0, 1)
+    # No sentence end near enough: the change stays where the windows put it.
+    first, second = by_speaker(final, _AT_2100_MS, [0, 1], snap_ms=500)
+    assert (first.text, second.text) == ("What is the best month? What do", "you think of it?")
+
+
+def test_a_change_moves_only_to_a_sentence_end_between_its_words() -> None:
+    """The utterance's end is no sentence end to move to: "to play." ends 600 ms after the
+    change, but the voice there is the next speaker's, and its speech goes with it."""
+    final = _final("We still have a lot of games to play.", step_ms=300)
+    first, second = by_speaker(final, _AT_2100_MS, [0, 1])
+    assert (first.text, second.text) == ("We still have a lot of games", "to play.")
+    assert (first.speaker, second.speaker) == (0, 1)
+
+
 def test_speech_in_crops_the_stretches_to_the_span() -> None:
     assert speech_in([(0, 400), (500, 900), (1_000, 1_100)], 300, 1_000) == (
         Speech(start_ms=300, end_ms=400),

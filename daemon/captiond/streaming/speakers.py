@@ -8,7 +8,9 @@ window's speaker once, when the final is sent, and never revises it:
 
 1. An utterance whose windows fall into several voices is split where they change (the split
    whose two sides' means are least alike, while less alike than `change_similarity`, then each
-   side again): people who spoke without a pause between them are separate captions.
+   side again): people who spoke without a pause between them are separate captions. Each
+   word is the speaker of the window nearest it, and a change between two words then moves to
+   the nearest sentence end within SENTENCE_SNAP_MS (`by_speaker`).
 2. Each part goes to the known speaker whose centroid (the mean of the windows given to it) it
    is most like, if at least `join_similarity`; else it is a new speaker, while fewer than
    `max_speakers` are known and the part is long enough to tell (a short "yes" is too little
@@ -42,7 +44,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.cluster.hierarchy import fcluster, linkage
 
-from captiond.lang.text import join_units
+from captiond.lang.text import ends_sentence, join_units
 from captiond.samples import ms_to_samples, samples_to_ms
 from captiond.streaming.events import Final, Speech, Word
 
@@ -78,6 +80,10 @@ KNOWN_VOICE_MARGIN = 0.1
 # live tracker does not have; docs/measurements/diarization.md).
 OFFLINE_SIMILARITY = 0.4
 OFFLINE_MIN_CLUSTER = 5
+# A change of speaker between two words moves to the nearest sentence end within this many
+# ms of it (`by_speaker`): the windows place a change only to within a hop, while people
+# mostly hand over at the end of a sentence, which Whisper's punctuation marks.
+SENTENCE_SNAP_MS = HOP_MS
 
 Embeddings = npt.NDArray[np.float32]
 
@@ -141,26 +147,33 @@ def speech_in(
 
 
 def by_speaker(
-    final: Final, spans: Sequence[tuple[int, int]], labels: Sequence[int]
+    final: Final,
+    spans: Sequence[tuple[int, int]],
+    labels: Sequence[int],
+    snap_ms: int = SENTENCE_SNAP_MS,
 ) -> list[Final]:
     """`final` with its speakers: each word gets the speaker of the window whose middle is
-    nearest the word's, and each run of one speaker's words is a final of its own (all but the
-    first keep `final.segment`, for the session to number). Without words, the final is the
-    speaker of most of its windows; without windows, nobody's. The parts tile the final's
-    span, meeting halfway between one's last word and the next's first, and each keeps the
-    `speech` inside its own span."""
+    nearest the word's, a change between two words moves to the nearest sentence end within
+    `snap_ms` (`_at_sentence_ends`), and each run of one speaker's words is a final of its own
+    (all but the first keep `final.segment`, for the session to number). Without words, the
+    final is the speaker of most of its windows; without windows, nobody's. The parts tile the
+    final's span, meeting halfway between one's last word and the next's first, and each keeps
+    the `speech` inside its own span."""
     if not labels:
         return [final]
     middles_ms = np.array([samples_to_ms((a + b) // 2) for a, b in spans])
     if not final.words:
         counts = np.bincount(np.asarray(labels))
         return [dataclasses.replace(final, speaker=int(counts.argmax()))]
-    words = [
-        dataclasses.replace(
-            w, speaker=labels[int(np.abs(middles_ms - (w.start_ms + w.end_ms) / 2).argmin())]
-        )
-        for w in final.words
-    ]
+    words = _at_sentence_ends(
+        [
+            dataclasses.replace(
+                w, speaker=labels[int(np.abs(middles_ms - (w.start_ms + w.end_ms) / 2).argmin())]
+            )
+            for w in final.words
+        ],
+        snap_ms,
+    )
     runs: list[list[Word]] = []
     for word in words:
         if runs and runs[-1][-1].speaker == word.speaker:
@@ -192,6 +205,45 @@ def by_speaker(
         )
         for run, start_ms, end_ms in zip(runs, starts_ms, ends_ms, strict=True)
     ]
+
+
+def _at_sentence_ends(words: list[Word], snap_ms: int, *, edges: bool = False) -> list[Word]:
+    """`words` (with their windows' speakers) with each change of speaker moved to the nearest
+    sentence end within `snap_ms` of it, if there is one, and no further than the changes
+    before and after it. With `edges` (measured, not shipped), the utterance's start and end
+    count as sentence ends too, so that a run of a few words can vanish into its neighbour's
+    sentence ("... a lot of games | to play."): its words were then more often right, but the
+    speech it was heard in is that voice's, and a "so | okay." lost its second speaker."""
+    if snap_ms <= 0 or len(words) < 2:
+        return words
+
+    def at_ms(k: int) -> int:  # where the boundary before words[k] lies
+        if k == 0:
+            return words[0].start_ms
+        if k == len(words):
+            return words[-1].end_ms
+        return (words[k - 1].end_ms + words[k].start_ms) // 2
+
+    ends = [
+        k
+        for k in range(len(words) + 1)
+        if (edges and k in (0, len(words)))
+        or (0 < k < len(words) and ends_sentence(words[k - 1].word))
+    ]
+    who = [w.speaker for w in words]
+    changes = [k for k in range(1, len(words)) if who[k - 1] != who[k]]
+    bounds = [0, *changes, len(words)]
+    for n, k in enumerate(changes):
+        near = [e for e in ends if bounds[n] <= e <= bounds[n + 2]]
+        if not near:
+            continue
+        to = min(near, key=lambda e: abs(at_ms(e) - at_ms(k)))
+        if abs(at_ms(to) - at_ms(k)) > snap_ms:
+            continue
+        before, after = who[k - 1], who[k]
+        for j in range(min(k, to), max(k, to)):
+            who[j] = after if to < k else before
+    return [dataclasses.replace(w, speaker=s) for w, s in zip(words, who, strict=True)]
 
 
 def _unit(vector: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
