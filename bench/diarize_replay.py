@@ -40,7 +40,7 @@ import json
 import pickle
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -85,12 +85,17 @@ def record(manifest: Path) -> dict[str, dict[str, Any]]:
         embeddings.append(np.asarray(vectors, dtype=np.float32).reshape(len(vectors), -1))
         return shipped_label(tracker, vectors)
 
-    def by_speaker(final: Final, spans: Sequence[Span], labels: Sequence[int]) -> list[Final]:
+    def by_speaker(
+        final: Final,
+        spans: Sequence[Span],
+        labels: Sequence[int],
+        snap_ms: int = speakers.SENTENCE_SNAP_MS,
+    ) -> list[Final]:
         calls.append((embeddings.pop(), list(spans), final))
-        return shipped_by_speaker(final, spans, labels)
+        return shipped_by_speaker(final, spans, labels, snap_ms)
 
-    speakers.SpeakerTracker.label = label  # type: ignore[method-assign]
-    session_module.by_speaker = by_speaker
+    speakers.SpeakerTracker.label = label  # type: ignore[method-assign,assignment]
+    session_module.__dict__["by_speaker"] = by_speaker  # what the session calls, by name
     config = load_config(None)
     engine = load_engine(config.engine)
     engine.warmup()
@@ -115,7 +120,7 @@ def record(manifest: Path) -> dict[str, dict[str, Any]]:
         }
         print(entry["id"], len(calls), "diarized finals", flush=True)
     speakers.SpeakerTracker.label = shipped_label  # type: ignore[method-assign]
-    session_module.by_speaker = shipped_by_speaker
+    session_module.__dict__["by_speaker"] = shipped_by_speaker
     return clips
 
 
@@ -179,7 +184,8 @@ def sentence_ends(snap_ms: int, *, edges: bool = False) -> Rule:
             words = speakers._at_sentence_ends(words, snap_ms, edges=edges)
             # One window per word, at the word's middle, gives each word its label.
             word_spans = [((w.start_ms + w.end_ms) * 8, (w.start_ms + w.end_ms) * 8) for w in words]
-            return speakers.by_speaker(final, word_spans, [w.speaker for w in words], snap_ms=0)
+            labels = cast("list[int]", [w.speaker for w in words])  # each word has one
+            return speakers.by_speaker(final, word_spans, labels, snap_ms=0)
 
         return split
 

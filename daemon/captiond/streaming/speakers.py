@@ -276,7 +276,7 @@ class SpeakerTracker:
     def speakers(self) -> int:
         return len(self._speakers)
 
-    def label(self, embeddings: Sequence[Sequence[float]]) -> list[int]:
+    def label(self, embeddings: Sequence[Sequence[float]] | Embeddings) -> list[int]:
         """The speaker of each window of one utterance, in order (empty: no windows)."""
         if not len(embeddings):
             return []
