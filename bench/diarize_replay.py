@@ -16,8 +16,8 @@ gives the labels that rule would have sent, without running the models again. Sc
   nearer by M (`known_voice_windows`, `known_voice_margin`), to show how flat they are;
 - *sentence ends N ms*: a change of speaker between two words moves to the nearest sentence
   end within N ms (`by_speaker`'s `snap_ms`; shipped: SENTENCE_SNAP_MS), *off* where the
-  windows put it (the rule before); *and the edges*: the utterance's start and end count as
-  sentence ends too;
+  windows put it (the rule before); at `70e61be` also *and the edges*, where the utterance's
+  start and end counted as sentence ends too;
 - *word gaps*: at each change of label between two windows, the words are split at the
   widest pause between them within the two windows' middles, not at the midpoint;
 - *pending voices*: a short part unlike every known speaker (below the join, above
@@ -161,7 +161,7 @@ def word_gaps() -> Callable[[Call], list[Final]]:
     return split
 
 
-def sentence_ends(snap_ms: int, *, edges: bool = False) -> Rule:
+def sentence_ends(snap_ms: int) -> Rule:
     """The shipped tracker, with a change between two words moved to the nearest sentence end
     within `snap_ms` (0: where the windows put it, the labels before `by_speaker` snapped)."""
 
@@ -181,7 +181,7 @@ def sentence_ends(snap_ms: int, *, edges: bool = False) -> Rule:
                 )
                 for w in final.words
             ]
-            words = speakers._at_sentence_ends(words, snap_ms, edges=edges)
+            words = speakers._at_sentence_ends(words, snap_ms)
             # One window per word, at the word's middle, gives each word its label.
             word_spans = [((w.start_ms + w.end_ms) * 8, (w.start_ms + w.end_ms) * 8) for w in words]
             labels = cast("list[int]", [w.speaker for w in words])  # each word has one
@@ -262,7 +262,6 @@ RULES: dict[str, Rule] = {
     },
     "sentence ends off": sentence_ends(0),
     **{f"sentence ends {ms} ms": sentence_ends(ms) for ms in (375, 750, 1125, 1500)},
-    **{f"sentence ends {ms} ms and the edges": sentence_ends(ms, edges=True) for ms in (750, 1125)},
     "word gaps": word_gaps,
     "pending voices": pending_voices,
     "half the windows": half_the_windows,

@@ -231,6 +231,19 @@ def test_a_change_moves_only_to_a_sentence_end_between_its_words() -> None:
     assert (first.speaker, second.speaker) == (0, 1)
 
 
+def test_a_short_turn_between_two_others_keeps_its_words() -> None:
+    """"end." is 300 ms before the second change, but moving it there would leave the middle
+    speaker's "Yeah" no word: a change stops short of the changes around it."""
+    final = _final("That is the end. Yeah so we go on.", step_ms=300)
+    spans = [(0, 1_800 * MS), (900 * MS, 1_800 * MS), (1_200 * MS, 2_400 * MS)]
+    parts = by_speaker(final, spans, [0, 1, 2])
+    assert [(p.text, p.speaker) for p in parts] == [
+        ("That is the end.", 0),
+        ("Yeah", 1),
+        ("so we go on.", 2),
+    ]
+
+
 def test_speech_in_crops_the_stretches_to_the_span() -> None:
     assert speech_in([(0, 400), (500, 900), (1_000, 1_100)], 300, 1_000) == (
         Speech(start_ms=300, end_ms=400),

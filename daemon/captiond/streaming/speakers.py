@@ -207,34 +207,26 @@ def by_speaker(
     ]
 
 
-def _at_sentence_ends(words: list[Word], snap_ms: int, *, edges: bool = False) -> list[Word]:
+def _at_sentence_ends(words: list[Word], snap_ms: int) -> list[Word]:
     """`words` (with their windows' speakers) with each change of speaker moved to the nearest
-    sentence end within `snap_ms` of it, if there is one, and no further than the changes
-    before and after it. With `edges` (measured, not shipped), the utterance's start and end
-    count as sentence ends too, so that a run of a few words can vanish into its neighbour's
-    sentence ("... a lot of games | to play."): its words were then more often right, but the
-    speech it was heard in is that voice's, and a "so | okay." lost its second speaker."""
+    sentence end within `snap_ms` of it, if there is one, and short of the changes before and
+    after it, so that every run of one voice keeps a word. The utterance's start and end are
+    not sentence ends to move to: a run of a few words could then vanish into its neighbour's
+    sentence ("... a lot of games | to play."); their words were more often right, but the
+    speech they were heard in was the other voice's, and a "so | okay." lost its second
+    speaker (docs/measurements/diarization.md)."""
     if snap_ms <= 0 or len(words) < 2:
         return words
 
-    def at_ms(k: int) -> int:  # where the boundary before words[k] lies
-        if k == 0:
-            return words[0].start_ms
-        if k == len(words):
-            return words[-1].end_ms
+    def at_ms(k: int) -> int:  # the middle of the pause before words[k]
         return (words[k - 1].end_ms + words[k].start_ms) // 2
 
-    ends = [
-        k
-        for k in range(len(words) + 1)
-        if (edges and k in (0, len(words)))
-        or (0 < k < len(words) and ends_sentence(words[k - 1].word))
-    ]
+    ends = [k for k in range(1, len(words)) if ends_sentence(words[k - 1].word)]
     who = [w.speaker for w in words]
     changes = [k for k in range(1, len(words)) if who[k - 1] != who[k]]
     bounds = [0, *changes, len(words)]
     for n, k in enumerate(changes):
-        near = [e for e in ends if bounds[n] <= e <= bounds[n + 2]]
+        near = [e for e in ends if bounds[n] < e < bounds[n + 2]]
         if not near:
             continue
         to = min(near, key=lambda e: abs(at_ms(e) - at_ms(k)))
