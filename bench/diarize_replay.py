@@ -35,12 +35,11 @@ its words; and how many written words each rule gives a speaker the reference ha
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import pickle
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -163,31 +162,13 @@ def word_gaps() -> Callable[[Call], list[Final]]:
 
 def sentence_ends(snap_ms: int) -> Rule:
     """The shipped tracker, with a change between two words moved to the nearest sentence end
-    within `snap_ms` (0: where the windows put it, the labels before `by_speaker` snapped)."""
+    within `snap_ms` (0: where the windows put it, as before `by_speaker` moved it)."""
 
     def rule() -> Callable[[Call], list[Final]]:
         tracker = speakers.SpeakerTracker()
-
-        def split(call: Call) -> list[Final]:
-            vectors, spans, final = call
-            labels = tracker.label(vectors)
-            if not labels or not final.words:
-                return speakers.by_speaker(final, spans, labels)
-            middles_ms = np.array([samples_to_ms((a + b) // 2) for a, b in spans])
-            words = [
-                dataclasses.replace(
-                    w,
-                    speaker=labels[int(np.abs(middles_ms - (w.start_ms + w.end_ms) / 2).argmin())],
-                )
-                for w in final.words
-            ]
-            words = speakers._at_sentence_ends(words, snap_ms)
-            # One window per word, at the word's middle, gives each word its label.
-            word_spans = [((w.start_ms + w.end_ms) * 8, (w.start_ms + w.end_ms) * 8) for w in words]
-            labels = cast("list[int]", [w.speaker for w in words])  # each word has one
-            return speakers.by_speaker(final, word_spans, labels, snap_ms=0)
-
-        return split
+        return lambda call: speakers.by_speaker(
+            call[2], call[1], tracker.label(call[0]), snap_ms=snap_ms
+        )
 
     return rule
 
