@@ -232,8 +232,8 @@ def test_a_change_moves_only_to_a_sentence_end_between_its_words() -> None:
 
 
 def test_a_short_turn_between_two_others_keeps_its_words() -> None:
-    """"end." is 300 ms before the second change, but moving it there would leave the middle
-    speaker's "Yeah" no word: a change stops short of the changes around it."""
+    """A sentence end 300 ms before the second change ("end.") is not taken: the middle
+    speaker's "Yeah" would be left no word. A change stops short of the changes around it."""
     final = _final("That is the end. Yeah so we go on.", step_ms=300)
     spans = [(0, 1_800 * MS), (900 * MS, 1_800 * MS), (1_200 * MS, 2_400 * MS)]
     parts = by_speaker(final, spans, [0, 1, 2])
