@@ -205,16 +205,15 @@ def reference_labels(reference: Sequence[Turn], finals: Sequence[Final]) -> dict
     word aligns with either speaker's text in WER, only with its own in cpWER, and a word
     timed into the next turn goes to the next speaker. Not a floor for the live labels, which
     follow the windows and sentences, not each word's time."""
+    starts_s = np.array([start for start, _, _ in reference])
+    ends_s = np.array([end for _, end, _ in reference])
     said: list[tuple[str, str]] = []
-    for final in finals:
-        for word in final.words:
-            start_s, end_s = word.start_ms / 1000, word.end_ms / 1000
-
-            def fit(turn: Turn, start_s: float = start_s, end_s: float = end_s) -> float:
-                overlap = min(turn[1], end_s) - max(turn[0], start_s)
-                return overlap if overlap > 0 else overlap - 1e6  # else: the nearest
-
-            said.append((max(reference, key=fit)[2], word.word))
+    for word in (w for final in finals for w in final.words):
+        # Seconds of the word inside each turn; negative: how far the turn is from it.
+        overlap_s = np.minimum(ends_s, word.end_ms / 1000) - np.maximum(
+            starts_s, word.start_ms / 1000
+        )
+        said.append((reference[int(overlap_s.argmax())][2], word.word))
     return _speaker_texts(said)
 
 
