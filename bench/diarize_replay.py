@@ -6,7 +6,9 @@ Each clip with a speaker reference is captioned once as `captiond bench diarize`
 (the session with partials and early finals, `diarize` on, tiny.en on the CPU), recording what
 every diarized final hands the tracker: its windows' embeddings, their spans, and the final.
 The tracker is pure (streaming/speakers.py), so replaying those inputs through another rule
-gives the labels that rule would have sent, without running the models again. Scored as
+gives the labels that rule would have sent, without running the models again. With
+`--at-once` each clip is instead streamed at full speed to a real in-process daemon, as
+tests/accuracy/test_diarization.py streams it: other partials, other finals. Scored as
 `bench diarize` scores (DER and cpWER against the RTTM and per-speaker text):
 
 - *shipped*: `SpeakerTracker` and `by_speaker` as they are (the replay's check: it must equal
@@ -35,8 +37,10 @@ its words; and how many written words each rule gives a speaker the reference ha
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import pickle
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -61,6 +65,7 @@ from captiond.bench.report import machine_facts
 from captiond.bench.wer import word_errors
 from captiond.config import load_config
 from captiond.engines import load_engine
+from captiond.engines.base import Engine
 from captiond.samples import samples_to_ms
 from captiond.sources.audiofile import read_audio_16k_mono
 from captiond.streaming import speakers
@@ -73,9 +78,38 @@ Call = tuple[npt.NDArray[np.float32], list[Span], Final]
 Rule = Callable[[], Callable[[Call], list[Final]]]
 
 
-def record(manifest: Path) -> dict[str, dict[str, Any]]:
-    """Caption every clip with a speaker reference, keeping each diarized final's inputs."""
+def _stream_at_once(path: Path, engine: Engine) -> None:
+    """Stream a clip to an in-process daemon at full speed, as the accuracy test does."""
+    helpers = str(Path(__file__).resolve().parent.parent / "tests" / "helpers")
+    if helpers not in sys.path:
+        sys.path.insert(0, helpers)
+    from daemon_harness import (  # type: ignore[import-not-found]  # tests/helpers, above
+        make_config,
+        running_daemon,
+        stream_pcm,
+        url,
+    )
+    from testkit import read_wav_int16  # type: ignore[import-not-found]
+
+    from captiond.engines.speakers import SpeakerEmbedder
+
+    async def scenario() -> None:
+        async with running_daemon(
+            make_config(server={"max_audio_speed": 1e6}),
+            engine=engine,
+            vad_factory=None,
+            embedder=lambda: SpeakerEmbedder("cpu"),
+        ) as daemon:
+            await stream_pcm(url(daemon, query="diarize=true"), read_wav_int16(path), 3_200)
+
+    asyncio.run(scenario())
+
+
+def record(manifest: Path, *, at_once: bool = False) -> dict[str, dict[str, Any]]:
+    """Caption every clip with a speaker reference, keeping each diarized final's inputs: as
+    `bench diarize` captions it, or with `at_once` through a real daemon at full speed."""
     calls: list[Call] = []
+    sent: list[Final] = []  # what by_speaker gave the session: a diarized stream's finals
     embeddings: list[npt.NDArray[np.float32]] = []
     shipped_label = speakers.SpeakerTracker.label
     shipped_by_speaker = speakers.by_speaker
@@ -91,7 +125,9 @@ def record(manifest: Path) -> dict[str, dict[str, Any]]:
         snap_ms: int = speakers.SENTENCE_SNAP_MS,
     ) -> list[Final]:
         calls.append((embeddings.pop(), list(spans), final))
-        return shipped_by_speaker(final, spans, labels, snap_ms)
+        parts = shipped_by_speaker(final, spans, labels, snap_ms)
+        sent.extend(parts)
+        return parts
 
     speakers.SpeakerTracker.label = label  # type: ignore[method-assign,assignment]
     session_module.__dict__["by_speaker"] = by_speaker  # what the session calls, by name
@@ -106,14 +142,20 @@ def record(manifest: Path) -> dict[str, dict[str, Any]]:
         if not entry.get("rttm"):
             continue
         calls.clear()
-        samples = read_audio_16k_mono(manifest.parent / entry["file"])
-        transcript = transcribe_samples(
-            samples, engine, config, partials=True, embedder=embedder, diarize=True
-        )
+        sent.clear()
+        if at_once:
+            _stream_at_once(manifest.parent / entry["file"], engine)
+            finals, text = list(sent), " ".join(f.text for f in sent if f.text)
+        else:
+            samples = read_audio_16k_mono(manifest.parent / entry["file"])
+            transcript = transcribe_samples(
+                samples, engine, config, partials=True, embedder=embedder, diarize=True
+            )
+            finals, text = list(transcript.segments), transcript.text
         clips[entry["id"]] = {
             "calls": list(calls),
-            "finals": list(transcript.segments),
-            "text": transcript.text,
+            "finals": finals,
+            "text": text,
             "entry": entry,
             "reference": read_rttm(manifest.parent / entry["rttm"]),
         }
@@ -309,11 +351,17 @@ def main() -> None:
         type=Path,
         help="a pickle of the recorded run: read if it exists, else written",
     )
+    parser.add_argument(
+        "--at-once",
+        action="store_true",
+        help="record through a real daemon, each clip sent at full speed (the accuracy test's "
+        "configuration), instead of as `bench diarize` streams it",
+    )
     args = parser.parse_args()
     if args.recorded is not None and args.recorded.exists():
         clips = pickle.loads(args.recorded.read_bytes())
     else:
-        clips = record(args.manifest or common.default_manifest())
+        clips = record(args.manifest or common.default_manifest(), at_once=args.at_once)
         if args.recorded is not None:
             args.recorded.write_bytes(pickle.dumps(clips))
     runs: dict[str, list[tuple[dict[str, Any], list[Final]]]] = {}
